@@ -1,0 +1,22 @@
+"""celery-resilience: shared circuit breakers, jittered retries and a back-out store for Celery."""
+
+from . import backoff
+from .breaker import Breaker, Permit
+from .errors import BreakerOpen, ConfigurationError, ResilienceError, StoreUnavailable
+from .resilience import Resilience
+from .task import ResilientTask
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Breaker",
+    "BreakerOpen",
+    "ConfigurationError",
+    "Permit",
+    "Resilience",
+    "ResilienceError",
+    "ResilientTask",
+    "StoreUnavailable",
+    "__version__",
+    "backoff",
+]

@@ -1,0 +1,35 @@
+-- park: store one entry with all its bookkeeping at once; idempotent on the entry id.
+-- KEYS[1] entries  hash  id -> payload
+-- KEYS[2] index    zset  id -> parked_at
+-- KEYS[3] meta     hash  id -> "status|reason|dead_reason|breaker"
+-- KEYS[4] counts   hash  "status|breaker" -> number of entries
+-- KEYS[5] ready    zset  id -> due_at, of the entry's breaker
+-- KEYS[6] dead     zset  id -> time it died (seconds, Redis TIME)
+-- ARGV[1] entry id
+-- ARGV[2] payload (encoded ParkedTask)
+-- ARGV[3] meta text
+-- ARGV[4] counts field ("status|breaker")
+-- ARGV[5] parked_at (epoch seconds)
+-- ARGV[6] due_at (epoch seconds)
+-- ARGV[7] max_entries
+-- ARGV[8] status: "parked" (into KEYS[5]) or "dead" (into KEYS[6])
+-- Returns 1 stored, 0 already stored (nothing changed), -1 full (nothing stored).
+
+local id = ARGV[1]
+if redis.call('HEXISTS', KEYS[1], id) == 1 then
+  return 0
+end
+if redis.call('HLEN', KEYS[1]) >= tonumber(ARGV[7]) then
+  return -1
+end
+redis.call('HSET', KEYS[1], id, ARGV[2])
+redis.call('ZADD', KEYS[2], ARGV[5], id)
+redis.call('HSET', KEYS[3], id, ARGV[3])
+redis.call('HINCRBY', KEYS[4], ARGV[4], 1)
+if ARGV[8] == 'dead' then
+  local t = redis.call('TIME')
+  redis.call('ZADD', KEYS[6], string.format('%d.%06d', t[1], t[2]), id)
+else
+  redis.call('ZADD', KEYS[5], ARGV[6], id)
+end
+return 1

@@ -1,0 +1,155 @@
+"""In-process back-out store with the Redis store's contract: tests and single-process use.
+
+It keeps encoded bytes, as Redis does, so encoding and undecodable entries behave the same.
+"""
+
+from __future__ import annotations
+
+import builtins
+import threading
+import time
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+
+from .entry import ParkedTask, encode, store_accept
+from .store import (
+    Meta,
+    StoreFull,
+    breaker_key,
+    check_dead_reason,
+    check_filters,
+    check_page,
+    read_entry,
+)
+
+
+@dataclass
+class _Record:
+    data: bytes
+    meta: Meta
+    parked_at: float
+    died_at: float | None = None
+
+
+class MemoryBackoutStore:
+    """A dict of records behind one lock; ``clock`` gives the time of death (dead_ttl)."""
+
+    def __init__(
+        self,
+        max_entries: int = 1_000_000,
+        dead_ttl: float | None = None,
+        clock: Callable[[], float] = time.time,
+        serializer: str = "json",
+        accept: Collection[str] | None = None,
+    ) -> None:
+        self.max_entries = max_entries
+        self.dead_ttl = dead_ttl
+        self.clock = clock
+        self.serializer = serializer
+        self.accept = store_accept(serializer, accept)
+        self._records: dict[str, _Record] = {}
+        self._lock = threading.Lock()
+
+    def park(self, entry: ParkedTask) -> None:
+        data = encode(entry, self.serializer)
+        with self._lock:
+            if entry.id in self._records:
+                return
+            if len(self._records) >= self.max_entries:
+                raise StoreFull(self.max_entries, entry.id)
+            died_at = self.clock() if entry.status == "dead" else None
+            self._records[entry.id] = _Record(data, Meta.of(entry), entry.parked_at, died_at)
+
+    def get(self, entry_id: str) -> ParkedTask | None:
+        with self._lock:
+            record = self._records.get(entry_id)
+        return None if record is None else self._read(entry_id, record)
+
+    def count(self, breaker: str | None = None, status: str | None = None) -> int:
+        check_filters(status)
+        with self._lock:
+            return sum(1 for r in self._records.values() if r.meta.matches(breaker, status, None))
+
+    def list(
+        self,
+        breaker: str | None = None,
+        status: str | None = None,
+        reason: str | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> builtins.list[ParkedTask]:
+        check_filters(status, reason)
+        check_page(limit, offset)
+        with self._lock:
+            chosen = [
+                (entry_id, record)
+                for entry_id, record in self._records.items()
+                if record.meta.matches(breaker, status, reason)
+            ]
+        # Redis's order: score descending, then id descending.
+        chosen.sort(key=lambda item: (item[1].parked_at, item[0]), reverse=True)
+        return [self._read(i, r) for i, r in chosen[offset : offset + limit]]
+
+    def delete(self, entry_id: str) -> bool:
+        with self._lock:
+            return self._records.pop(entry_id, None) is not None
+
+    def purge(
+        self, breaker: str | None = None, status: str | None = None, reason: str | None = None
+    ) -> int:
+        check_filters(status, reason)
+        with self._lock:
+            doomed = [
+                i for i, r in self._records.items() if r.meta.matches(breaker, status, reason)
+            ]
+            for entry_id in doomed:
+                del self._records[entry_id]
+        return len(doomed)
+
+    def breakers(self) -> set[str]:
+        with self._lock:
+            return {r.meta.breaker for r in self._records.values()}
+
+    def mark_dead(self, entry_id: str, dead_reason: str) -> bool:
+        check_dead_reason(dead_reason)
+        with self._lock:
+            record = self._records.get(entry_id)
+            if record is None or record.meta.status == "dead":
+                return False
+            record.meta = record.meta.dead(dead_reason)
+            record.died_at = self.clock()
+            return True
+
+    def expire_dead(self) -> int:
+        if self.dead_ttl is None:
+            return 0
+        with self._lock:
+            cutoff = self.clock() - self.dead_ttl
+            doomed = [
+                i for i, r in self._records.items() if r.died_at is not None and r.died_at <= cutoff
+            ]
+            for entry_id in doomed:
+                del self._records[entry_id]
+        return len(doomed)
+
+    def _read(self, entry_id: str, record: _Record) -> ParkedTask:
+        return read_entry(entry_id, record.data, record.meta, record.parked_at, self.accept)
+
+    def _put_raw(
+        self,
+        entry_id: str,
+        data: bytes,
+        *,
+        breaker: str | None = None,
+        reason: str = "park_on",
+        parked_at: float | None = None,
+    ) -> None:
+        """Store raw payload bytes (replacing an entry's, or as a new parked entry): tests only."""
+        with self._lock:
+            record = self._records.get(entry_id)
+            if record is not None:
+                record.data = data
+                return
+            meta = Meta(breaker_key(breaker), "parked", reason)  # type: ignore[arg-type]
+            when = self.clock() if parked_at is None else parked_at
+            self._records[entry_id] = _Record(data, meta, when)

@@ -1,0 +1,188 @@
+"""The contract of a back-out store, and the small bookkeeping every backend shares.
+
+Status lives beside the payload (in :class:`Meta`), not only inside it: ``mark_dead`` and the
+filters then never need to decode a payload, so an undecodable entry can still be counted,
+filtered, marked dead and deleted. Reads overlay the stored status on the decoded entry.
+"""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Protocol
+
+from ..errors import ResilienceError
+from .entry import (
+    REASONS,
+    STATUSES,
+    ParkedTask,
+    Reason,
+    Status,
+    UndecodableEntry,
+    decode,
+    undecodable,
+)
+
+#: Internal breaker name of entries parked without a breaker. ``ParkedTask.breaker`` reports
+#: them as ``None``; ``breakers()`` lists the group as ``NO_BREAKER`` and the ``breaker`` filter
+#: of ``count``/``list``/``purge`` accepts it (``breaker=None`` there means "any breaker").
+NO_BREAKER = "-"
+
+
+class StoreFull(ResilienceError):
+    """The store holds ``max_entries`` entries: parking refuses loudly instead of dropping."""
+
+    def __init__(self, max_entries: int, entry_id: str) -> None:
+        self.max_entries = max_entries
+        self.entry_id = entry_id
+        super().__init__(f"back-out store is full ({max_entries} entries): {entry_id} not parked")
+
+
+class BackoutStore(Protocol):
+    """Durable storage of parked tasks; every backend passes ``tests/test_backout_store.py``.
+
+    ``breaker`` filters take a breaker name or :data:`NO_BREAKER`; ``None`` means any.
+    An entry in flight (claimed by a drain, not yet acked) still reads as ``parked``.
+    """
+
+    def park(self, entry: ParkedTask) -> None:
+        """Store ``entry`` durably; a no-op if its id is stored already; ``StoreFull`` if full."""
+
+    def get(self, entry_id: str) -> ParkedTask | None:
+        """The entry, a placeholder if its bytes can't be decoded, ``None`` if absent."""
+
+    def count(self, breaker: str | None = None, status: str | None = None) -> int:
+        """Number of entries, undecodable ones included."""
+
+    def list(
+        self,
+        breaker: str | None = None,
+        status: str | None = None,
+        reason: str | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> builtins.list[ParkedTask]:
+        """Matching entries, newest ``parked_at`` first."""
+
+    def delete(self, entry_id: str) -> bool:
+        """Remove one entry; ``False`` if it was not there."""
+
+    def purge(
+        self, breaker: str | None = None, status: str | None = None, reason: str | None = None
+    ) -> int:
+        """Remove every matching entry; the number removed."""
+
+    def breakers(self) -> set[str]:
+        """Breaker names that have entries (:data:`NO_BREAKER` for entries without one)."""
+
+    def mark_dead(self, entry_id: str, dead_reason: str) -> bool:
+        """Move a parked entry to dead (out of the ready set); ``False`` if absent or dead."""
+
+    def expire_dead(self) -> int:
+        """Remove entries dead for longer than ``dead_ttl`` (none when unset); the number."""
+
+
+@dataclass(frozen=True)
+class Meta:
+    """What filters and status changes need, kept small and apart from the payload.
+
+    Text form ``status|reason|dead_reason|breaker``: the breaker comes last so it may hold ``|``.
+    """
+
+    breaker: str
+    status: Status
+    reason: Reason
+    dead_reason: str | None = None
+
+    @classmethod
+    def of(cls, entry: ParkedTask) -> Meta:
+        return cls(breaker_key(entry.breaker), entry.status, entry.reason, entry.dead_reason)
+
+    def encode(self) -> str:
+        return f"{self.status}|{self.reason}|{self.dead_reason or ''}|{self.breaker}"
+
+    @classmethod
+    def decode(cls, text: str | bytes) -> Meta:
+        raw = text.decode() if isinstance(text, bytes) else text
+        status, reason, dead_reason, breaker = raw.split("|", 3)
+        if status not in STATUSES or reason not in REASONS:
+            raise ValueError(f"bad back-out metadata {raw!r}")
+        return cls(breaker, status, reason, dead_reason or None)
+
+    @property
+    def counter(self) -> str:
+        """Field of the per (status, breaker) counter this entry counts in."""
+        return f"{self.status}|{self.breaker}"
+
+    def matches(self, breaker: str | None, status: str | None, reason: str | None) -> bool:
+        return (
+            (breaker is None or breaker == self.breaker)
+            and (status is None or status == self.status)
+            and (reason is None or reason == self.reason)
+        )
+
+    def dead(self, dead_reason: str) -> Meta:
+        return Meta(self.breaker, "dead", self.reason, dead_reason)
+
+
+def breaker_key(breaker: str | None) -> str:
+    """The internal name of ``breaker`` (``None`` is :data:`NO_BREAKER`)."""
+    return NO_BREAKER if breaker is None else breaker
+
+
+def check_filters(status: str | None = None, reason: str | None = None) -> None:
+    """Reject a filter that can never match: a typo should not look like an empty store."""
+    if status is not None and status not in STATUSES:
+        raise ValueError(f"status must be one of {STATUSES}, got {status!r}")
+    if reason is not None and reason not in REASONS:
+        raise ValueError(f"reason must be one of {REASONS}, got {reason!r}")
+
+
+def check_page(limit: int, offset: int) -> None:
+    if limit < 0 or offset < 0:
+        raise ValueError(f"limit and offset must be >= 0, got {limit}, {offset}")
+
+
+def check_dead_reason(dead_reason: str) -> None:
+    if not isinstance(dead_reason, str) or not dead_reason or "|" in dead_reason:
+        raise ValueError(f"dead_reason must be a non-empty str without '|', got {dead_reason!r}")
+
+
+def count_in(counters: dict[str, int], breaker: str | None, status: str | None) -> int:
+    """Sum of the ``status|breaker`` counters that match the filters."""
+    total = 0
+    for counter, value in counters.items():
+        entry_status, _, entry_breaker = counter.partition("|")
+        if (breaker is None or breaker == entry_breaker) and (
+            status is None or status == entry_status
+        ):
+            total += value
+    return total
+
+
+def read_entry(
+    entry_id: str,
+    data: bytes,
+    meta: Meta,
+    parked_at: float,
+    accept: Collection[str],
+) -> ParkedTask:
+    """The stored entry with its stored status, or the placeholder if it can't be decoded."""
+    try:
+        entry = decode(data, accept)
+        if entry.id != entry_id:
+            raise UndecodableEntry(f"payload belongs to entry {entry.id}")
+    except UndecodableEntry as exc:
+        breaker = None if meta.breaker == NO_BREAKER else meta.breaker
+        return undecodable(
+            entry_id,
+            exc,
+            breaker=breaker,
+            reason=meta.reason,
+            parked_at=parked_at,
+            due_at=parked_at,
+        )
+    if (entry.status, entry.dead_reason) != (meta.status, meta.dead_reason):
+        entry = entry.replace(status=meta.status, dead_reason=meta.dead_reason)
+    return entry

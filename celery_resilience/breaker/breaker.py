@@ -1,0 +1,270 @@
+"""The breaker as callers see it: permits, ``call()``, operator orders, and the Redis policy.
+
+The protocol is Resilience4j's: acquire a permit, run the call with nothing held, record the
+outcome. On the success path of a closed breaker the record is deferred and rides with this
+process's next acquire (or failure), so a steady stream of successes costs one round trip each.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar, cast
+
+import redis
+
+from ..config import BreakerConfig
+from ..errors import BreakerOpen
+from .model import STATES, Action, Change, Kind, Limits, Skip, State, Transition
+from .store import BreakerStore, Delivery
+
+logger = logging.getLogger("celery_resilience.breaker")
+
+R = TypeVar("R")
+TransitionListener = Callable[[str, Transition, State], None]
+
+#: Deferred successes are flushed at least this often (seconds) under steady traffic.
+FLUSH_INTERVAL = 1.0
+
+
+class RedisHealth:
+    """Tracks an outage of the breakers' Redis so it is logged once, not once per call."""
+
+    def __init__(self, policy: str) -> None:
+        self.policy = policy
+        self.down = False
+        self._lock = threading.Lock()
+
+    def failed(self, breaker: str, exc: BaseException) -> None:
+        with self._lock:
+            first, self.down = not self.down, True
+        if first:
+            verdict = "admitting calls" if self.policy == "fail_open" else "rejecting calls"
+            logger.error(
+                "Redis unreachable for breaker %r (%s: %s): %s until it is back (%s)",
+                breaker,
+                type(exc).__name__,
+                exc,
+                verdict,
+                self.policy,
+            )
+
+    def ok(self) -> None:
+        if self.down:
+            with self._lock:
+                was, self.down = self.down, False
+            if was:
+                logger.warning("Redis reachable again: breakers are shared once more")
+
+
+class Permit:
+    """Leave to make one call; report its outcome with ``success()`` or ``failure()`` once.
+
+    Usable as a context manager: an exception leaving the block is recorded as a failure
+    unless the breaker's ``ignore`` option lists its type.
+    """
+
+    __slots__ = ("_done", "breaker", "kind", "permit_id", "started")
+
+    def __init__(self, breaker: Breaker, kind: Kind | None, permit_id: str) -> None:
+        self.breaker = breaker
+        self.kind = kind  # None: Redis was down and fail_open let the call through unrecorded
+        self.permit_id = permit_id
+        self.started = time.monotonic()
+        self._done = False
+
+    def success(self) -> None:
+        if self._finish():
+            elapsed = time.monotonic() - self.started
+            slow = self.breaker.config.slow_call_seconds
+            self.breaker._record(self, success=slow is None or elapsed <= slow)
+
+    def failure(self) -> None:
+        if self._finish():
+            self.breaker._record(self, success=False)
+
+    def _finish(self) -> bool:
+        done, self._done = self._done, True
+        return not done and self.kind is not None
+
+    def __enter__(self) -> Permit:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: object, tb: object) -> None:
+        if exc_type is None:
+            self.success()
+        elif not issubclass(exc_type, self.breaker.config.ignore):
+            self.failure()
+        elif self.kind == "probe":
+            self.success()  # an ignored error still answers the probe: do not hold half-open
+        else:
+            self._done = True  # ignored: counted neither as a failure nor as a success
+
+
+@dataclass(frozen=True)
+class Admission:
+    """What ``Breaker.admit`` decided: a permit, or why not; and the delivery answers."""
+
+    permit: Permit | None
+    rejected: BreakerOpen | None
+    deliveries: int = 0
+    skip: Skip = ""
+
+
+class Breaker:
+    """One named breaker, shared through its store by every process that names it."""
+
+    def __init__(
+        self,
+        name: str,
+        config: BreakerConfig,
+        store: Callable[[], BreakerStore],
+        health: RedisHealth,
+        listeners: list[TransitionListener] | None = None,
+    ) -> None:
+        self.name = name
+        self.config = config
+        self.limits = Limits.of(config)
+        self._store = store
+        self._health = health
+        self.listeners = listeners if listeners is not None else []
+        self._lock = threading.Lock()
+        self._deferred = 0
+        self._pid = os.getpid()  # deferred successes belong to this process, not a forked child
+        self._last_flush = time.monotonic()
+
+    def __repr__(self) -> str:
+        return f"<Breaker {self.name!r}>"
+
+    # -- the call protocol --------------------------------------------------------------
+    def acquire(self) -> Permit:
+        """A permit for one call, or :class:`BreakerOpen` when the breaker rejects it."""
+        admission = self.admit()
+        if admission.rejected is not None:
+            raise admission.rejected
+        assert admission.permit is not None
+        return admission.permit
+
+    def admit(self, delivery: Delivery | None = None) -> Admission:
+        """``acquire`` without raising, answering the task-level ``delivery`` questions too."""
+        permit_id = uuid.uuid4().hex
+        deferred = self._take_deferred()
+        try:
+            decision = self._store().acquire(
+                self.name, self.limits, permit_id, deferred, delivery=delivery
+            )
+        except redis.RedisError as exc:
+            self._return_deferred(deferred)
+            self._health.failed(self.name, exc)
+            if self._health.policy == "fail_closed":
+                return Admission(None, BreakerOpen(self.name, "unavailable"))
+            return Admission(Permit(self, None, permit_id), None)
+        self._health.ok()
+        if decision.transition:
+            self._announce(decision.transition, decision.state)
+        if decision.skip:
+            return Admission(None, None, decision.deliveries, decision.skip)
+        if not decision.allowed:
+            retry = None if decision.retry_after_us is None else decision.retry_after_us / 1e6
+            rejected = BreakerOpen(self.name, decision.state, retry)
+            return Admission(None, rejected, decision.deliveries)
+        return Admission(Permit(self, decision.kind, permit_id), None, decision.deliveries)
+
+    def call(self, fn: Callable[..., R], *args: Any, **kwargs: Any) -> R:
+        """Run ``fn`` through the breaker; raises :class:`BreakerOpen` when not admitted."""
+        with self.acquire():
+            return fn(*args, **kwargs)
+
+    def _record(self, permit: Permit, success: bool) -> None:
+        assert permit.kind is not None
+        if success and permit.kind == "normal" and not self._flush_due():
+            with self._lock:
+                self._forget_inherited()
+                self._deferred += 1
+            return
+        # A failure (or a due flush) carries this process's deferred successes first.
+        deferred = self._take_deferred()
+        try:
+            change = self._store().record(
+                self.name, self.limits, permit.kind, permit.permit_id, success, deferred
+            )
+        except redis.RedisError as exc:
+            self._health.failed(self.name, exc)
+            return
+        self._health.ok()
+        if change.transition:
+            self._announce(change.transition, change.state)
+
+    def _flush_due(self) -> bool:
+        return time.monotonic() - self._last_flush >= FLUSH_INTERVAL
+
+    def _forget_inherited(self) -> None:
+        # After a fork the child holds a copy of the parent's count; the parent reports it.
+        if self._pid != os.getpid():
+            self._pid, self._deferred = os.getpid(), 0
+
+    def _take_deferred(self) -> int:
+        with self._lock:
+            self._forget_inherited()
+            deferred, self._deferred = self._deferred, 0
+            self._last_flush = time.monotonic()
+        return deferred
+
+    def _return_deferred(self, count: int) -> None:
+        with self._lock:
+            self._deferred += count
+
+    def flush(self) -> None:
+        """Send deferred successes now (at worker shutdown, or before reading exact counts)."""
+        deferred = self._take_deferred()
+        if deferred:
+            try:
+                # The last deferred success is sent as the record itself.
+                self._store().record(self.name, self.limits, "normal", "", True, deferred - 1)
+            except redis.RedisError as exc:
+                self._return_deferred(deferred)
+                self._health.failed(self.name, exc)
+
+    # -- looking and steering -----------------------------------------------------------
+    @property
+    def state(self) -> State:
+        state = self.snapshot()["state"]
+        assert state in STATES
+        return cast(State, state)
+
+    def snapshot(self) -> dict[str, Any]:
+        """State, counters, window counts, ``opened_at`` / ``open_until`` (epoch seconds)."""
+        return self._store().snapshot(self.name, self.limits)
+
+    def force_open(self) -> None:
+        """Hold the breaker open (every call rejected) until ``force_closed`` or ``reset``."""
+        self._force("open")
+
+    def force_closed(self) -> None:
+        """Hold the breaker closed (every call admitted, nothing trips it) until ``reset``."""
+        self._force("closed")
+
+    def reset(self) -> None:
+        """Back to a fresh closed breaker; the ``*_total`` counters are kept."""
+        self._force("reset")
+
+    def _force(self, action: Action) -> Change:
+        change = self._store().force(self.name, self.limits, action)
+        if change.transition:
+            self._announce(change.transition, change.state)
+        return change
+
+    def _announce(self, transition: Transition, state: State) -> None:
+        """Only the caller whose script made the transition gets here: log and notify once."""
+        level = logging.WARNING if transition in ("opened", "forced_open") else logging.INFO
+        logger.log(level, "Breaker %r %s (now %s)", self.name, transition.replace("_", " "), state)
+        for listener in self.listeners:
+            try:
+                listener(self.name, transition, state)
+            except Exception:
+                logger.exception("Breaker transition listener %r failed", listener)

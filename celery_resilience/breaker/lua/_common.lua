@@ -1,0 +1,112 @@
+-- Shared prelude of every breaker script (prepended when the script is loaded).
+-- It mirrors celery_resilience/breaker/model.py, the specification; keep the two in step.
+--
+-- KEYS[1]  {prefix:breaker:NAME}:state   hash: state, consec, opened_at, open_until, trips,
+--                                         ho_succ, *_total counters, be/bc/bf<slot> buckets
+-- KEYS[2]  {prefix:breaker:NAME}:probes  zset: probe permit id -> lease expiry (microseconds)
+-- ARGV[1]  now in microseconds, or "" to read Redis TIME (a pinned time is for tests only)
+-- ARGV[2..9] limits: failure_threshold, failure_rate_threshold (0 = off), minimum_calls,
+--          window_us, open_timeout_us, open_timeout_max_us, half_open_max_calls, probe_lease_us
+-- Times are integer microseconds: Lua numbers are doubles, exact below 2^53. Numbers are passed
+-- to redis.call as numbers, never concatenated (tostring keeps only 14 digits).
+
+local STATE_KEY, PROBES_KEY = KEYS[1], KEYS[2]
+local BUCKETS, MAX_GROWTH = 10, 40
+local TOTALS = {'opened_total', 'half_opened_total', 'closed_total', 'calls_total',
+                'failures_total', 'successes_total', 'rejected_total'}
+
+local function read_now()
+  if ARGV[1] ~= '' then return tonumber(ARGV[1]) end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+local now = read_now()
+local lim = {
+  failure_threshold = tonumber(ARGV[2]), rate = tonumber(ARGV[3]),
+  minimum_calls = tonumber(ARGV[4]), window_us = tonumber(ARGV[5]),
+  open_timeout_us = tonumber(ARGV[6]), open_timeout_max_us = tonumber(ARGV[7]),
+  half_open_max_calls = tonumber(ARGV[8]), probe_lease_us = tonumber(ARGV[9]),
+}
+lim.bucket_us = math.max(1, math.floor(lim.window_us / BUCKETS))
+
+-- The stored hash as a table; put() records which fields to write back.
+local h, dirty = {}, {}
+do
+  local raw = redis.call('HGETALL', STATE_KEY)
+  for i = 1, #raw, 2 do h[raw[i]] = raw[i + 1] end
+end
+local function num(field, default) return tonumber(h[field]) or default or 0 end
+local function put(field, value) h[field] = value; dirty[field] = true end
+local function incr(field, by) put(field, num(field) + by) end
+local function state() return h.state or 'closed' end
+
+local function save()
+  local args = {}
+  for field in pairs(dirty) do args[#args + 1] = field; args[#args + 1] = h[field] end
+  if #args > 0 then redis.call('HSET', STATE_KEY, unpack(args)) end
+end
+
+local function window_counts()
+  local current = math.floor(now / lim.bucket_us)
+  local calls, failures = 0, 0
+  for slot = 0, BUCKETS - 1 do
+    if num('be' .. slot, -1) > current - BUCKETS then
+      calls = calls + num('bc' .. slot)
+      failures = failures + num('bf' .. slot)
+    end
+  end
+  return calls, failures
+end
+
+local function add_to_window(calls, failures)
+  local epoch = math.floor(now / lim.bucket_us)
+  local slot = epoch % BUCKETS
+  if num('be' .. slot, -1) ~= epoch then
+    put('be' .. slot, epoch); put('bc' .. slot, 0); put('bf' .. slot, 0)
+  end
+  incr('bc' .. slot, calls)
+  incr('bf' .. slot, failures)
+end
+
+local function clear_counts()
+  put('consec', 0); put('ho_succ', 0)
+  redis.call('DEL', PROBES_KEY)
+  for slot = 0, BUCKETS - 1 do
+    put('be' .. slot, -1); put('bc' .. slot, 0); put('bf' .. slot, 0)
+  end
+end
+
+local function trip()
+  put('trips', num('trips') + 1)
+  local growth = 2 ^ math.min(num('trips') - 1, MAX_GROWTH)
+  local timeout = math.min(lim.open_timeout_max_us, lim.open_timeout_us * growth)
+  clear_counts()
+  put('state', 'open'); put('opened_at', now); put('open_until', now + timeout)
+  incr('opened_total', 1)
+  return 'opened'
+end
+
+local function close()
+  clear_counts()
+  put('state', 'closed'); put('trips', 0); put('opened_at', 0); put('open_until', 0)
+  incr('closed_total', 1)
+  return 'closed'
+end
+
+local function count(calls, failures)
+  incr('calls_total', calls)
+  incr('failures_total', failures)
+  incr('successes_total', calls - failures)
+end
+
+-- Successes of normal permits that a process held back to save round trips.
+local function apply_deferred(successes)
+  if successes > 0 then
+    count(successes, 0)
+    if state() == 'closed' or state() == 'forced_closed' then
+      add_to_window(successes, 0)
+      put('consec', 0)
+    end
+  end
+end

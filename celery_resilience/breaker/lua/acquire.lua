@@ -1,0 +1,60 @@
+-- acquire: ask for a permit (model.acquire). One call per task delivery.
+-- KEYS[1], KEYS[2], ARGV[1..9]: see _common.lua
+-- ARGV[10] permit id (used when a half-open probe is granted)
+-- ARGV[11] deferred successes: normal successes of this process, recorded before deciding
+-- ARGV[12] TTL (seconds) of the delivery counter, when KEYS[3] is given
+-- ARGV[13] deliveries allowed per message (0 = no limit): past it, no permit is taken
+-- KEYS[3] optional: delivery counter of this message, {..}:delivery:<task id>:<retries>
+-- KEYS[4] optional: success marker of this task id, {..}:done:<task id> (deduplicate=True)
+-- Returns {allowed 0|1, kind "normal"|"probe"|"", state, retry_after_us (-1 = unknown),
+--          transition this call made or "", deliveries of this message (0 = not counted),
+--          skip: "" | "done" (the task id already succeeded) | "redelivered" (past ARGV[13]);
+--          when skip is set no permit was taken}
+
+local permit_id = ARGV[10]
+apply_deferred(tonumber(ARGV[11]))
+
+local deliveries, max_deliveries = 0, tonumber(ARGV[13])
+if KEYS[3] then
+  deliveries = redis.call('INCR', KEYS[3])
+  redis.call('EXPIRE', KEYS[3], ARGV[12])
+end
+if KEYS[4] and redis.call('EXISTS', KEYS[4]) == 1 then
+  save()
+  return {0, '', state(), -1, '', deliveries, 'done'}
+end
+if max_deliveries > 0 and deliveries > max_deliveries then
+  save()
+  return {0, '', state(), -1, '', deliveries, 'redelivered'}
+end
+
+local transition = ''
+local s = state()
+if s == 'closed' or s == 'forced_closed' then
+  save()
+  return {1, 'normal', s, -1, '', deliveries, ''}
+end
+if s == 'forced_open' then
+  incr('rejected_total', 1); save()
+  return {0, '', s, -1, '', deliveries, ''}
+end
+if s == 'open' then
+  if now < num('open_until') then
+    incr('rejected_total', 1); save()
+    return {0, '', s, num('open_until') - now, '', deliveries, ''}
+  end
+  put('state', 'half_open'); put('ho_succ', 0)
+  redis.call('DEL', PROBES_KEY)
+  incr('half_opened_total', 1)
+  transition = 'half_opened'
+end
+
+-- half-open: a probe whose lease ran out belongs to a process that died or hangs.
+redis.call('ZREMRANGEBYSCORE', PROBES_KEY, '-inf', now)
+if redis.call('ZCARD', PROBES_KEY) < lim.half_open_max_calls then
+  redis.call('ZADD', PROBES_KEY, now + lim.probe_lease_us, permit_id)
+  save()
+  return {1, 'probe', 'half_open', -1, transition, deliveries, ''}
+end
+incr('rejected_total', 1); save()
+return {0, '', 'half_open', lim.open_timeout_us, transition, deliveries, ''}

@@ -1,0 +1,40 @@
+-- record: the outcome of a permitted call (model.record).
+-- KEYS[1], KEYS[2], ARGV[1..9]: see _common.lua
+-- ARGV[10] kind "normal" | "probe";  ARGV[11] permit id;  ARGV[12] "1" success | "0" failure
+-- ARGV[13] deferred successes of this process, recorded first
+-- Returns {state, transition this call made or ""}: exactly one caller sees each "opened".
+
+local kind, permit_id, success = ARGV[10], ARGV[11], ARGV[12] == '1'
+local failures = success and 0 or 1
+apply_deferred(tonumber(ARGV[13]))
+count(1, failures)
+
+local transition = ''
+local s = state()
+if kind == 'probe' then
+  if s == 'half_open' and redis.call('ZREM', PROBES_KEY, permit_id) == 1 then
+    if not success then
+      transition = trip()
+    else
+      incr('ho_succ', 1)
+      if num('ho_succ') >= lim.half_open_max_calls then transition = close() end
+    end
+  end
+elseif s == 'closed' or s == 'forced_closed' then
+  add_to_window(1, failures)
+  if success then
+    put('consec', 0)
+  else
+    incr('consec', 1)
+    if s == 'closed' then
+      local tripped = num('consec') >= lim.failure_threshold
+      if not tripped and lim.rate > 0 then
+        local calls, fails = window_counts()
+        tripped = calls >= lim.minimum_calls and fails / calls >= lim.rate
+      end
+      if tripped then transition = trip() end
+    end
+  end
+end
+save()
+return {state(), transition}

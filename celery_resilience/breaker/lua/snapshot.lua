@@ -1,0 +1,20 @@
+-- snapshot: a read-only view (model.snapshot); writes nothing.
+-- KEYS[1], KEYS[2], ARGV[1..9]: see _common.lua
+-- Returns a flat list {field, value, ...}; times in microseconds (0 = never), an open breaker
+-- whose timeout has passed reads as half_open.
+
+local s = state()
+if s == 'open' and now >= num('open_until') then s = 'half_open' end
+local calls, failures = window_counts()
+local live = 0
+if state() == 'half_open' then
+  live = redis.call('ZCOUNT', PROBES_KEY, string.format('(%d', now), '+inf')
+end
+local out = {'state', s, 'consecutive_failures', num('consec'), 'window_calls', calls,
+             'window_failures', failures, 'opened_at', num('opened_at'),
+             'open_until', num('open_until'), 'trips', num('trips'),
+             'half_open_successes', num('ho_succ'), 'probes_in_flight', live}
+for _, field in ipairs(TOTALS) do
+  out[#out + 1] = field; out[#out + 1] = num(field)
+end
+return out

@@ -1,0 +1,312 @@
+"""The breaker's pure state machine: the specification the Lua scripts must match.
+
+No I/O and no clock of its own: every operation takes ``now`` in integer microseconds, so the
+Redis scripts (Lua numbers are doubles, exact for integers below 2**53) and this module compute
+the same decisions bit for bit. A Hypothesis stateful test holds them together.
+
+States: ``closed`` -> (``failure_threshold`` consecutive failures, or a failure rate of at least
+``failure_rate_threshold`` over ``window`` once ``minimum_calls`` were seen) -> ``open`` ->
+(``open_timeout``, doubling on each repeated trip up to ``open_timeout_max``) -> ``half_open``,
+which admits ``half_open_max_calls`` probes, each under a lease of ``probe_lease``: all of them
+succeeding closes the breaker, any failing reopens it. ``forced_open`` and ``forced_closed`` hold
+until ``reset``.
+
+Permits: a call admitted while closed is a ``normal`` permit; in half-open it is a ``probe``
+identified by a permit id. A result arriving for a state it no longer belongs to (a normal permit
+recorded after the breaker opened, a probe whose lease ran out) changes no state: it describes a
+dependency the breaker has already judged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from ..config import BreakerConfig
+
+State = Literal["closed", "open", "half_open", "forced_open", "forced_closed"]
+Kind = Literal["normal", "probe"]
+Transition = Literal["opened", "half_opened", "closed", "forced_open", "forced_closed", "reset"]
+Action = Literal["open", "closed", "reset"]
+#: Why an admission took no permit without asking the breaker: the task id already succeeded
+#: (``deduplicate``), or this message was delivered more than ``resilience_max_deliveries`` times.
+Skip = Literal["", "done", "redelivered"]
+
+STATES: tuple[State, ...] = ("closed", "open", "half_open", "forced_open", "forced_closed")
+#: The sliding window is kept in this many buckets: constant work per record.
+BUCKETS = 10
+#: Growth of the open timeout stops doubling after this many repeated trips (overflow guard).
+MAX_GROWTH_EXPONENT = 40
+US = 1_000_000
+
+TOTALS = (
+    "opened_total",
+    "half_opened_total",
+    "closed_total",
+    "calls_total",
+    "failures_total",
+    "successes_total",
+    "rejected_total",
+)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """A breaker's settings in the integer units the scripts use (microseconds)."""
+
+    failure_threshold: int
+    failure_rate_threshold: float  # 0 = off
+    minimum_calls: int
+    window_us: int
+    open_timeout_us: int
+    open_timeout_max_us: int
+    half_open_max_calls: int
+    probe_lease_us: int
+
+    @property
+    def bucket_us(self) -> int:
+        return max(1, self.window_us // BUCKETS)
+
+    @classmethod
+    def of(cls, cfg: BreakerConfig) -> Limits:
+        return cls(
+            failure_threshold=cfg.failure_threshold,
+            failure_rate_threshold=cfg.failure_rate_threshold or 0.0,
+            minimum_calls=cfg.minimum_calls,
+            window_us=round(cfg.window * US),
+            open_timeout_us=round(cfg.open_timeout * US),
+            open_timeout_max_us=round(cfg.max_open_timeout * US),
+            half_open_max_calls=cfg.half_open_max_calls,
+            probe_lease_us=round(cfg.probe_lease * US),
+        )
+
+    def argv(self) -> list[int | float]:
+        """The settings as the scripts receive them, in this order (see ``lua/_common.lua``)."""
+        return [
+            self.failure_threshold,
+            self.failure_rate_threshold,
+            self.minimum_calls,
+            self.window_us,
+            self.open_timeout_us,
+            self.open_timeout_max_us,
+            self.half_open_max_calls,
+            self.probe_lease_us,
+        ]
+
+
+@dataclass
+class BreakerState:
+    """Everything stored for one breaker (one Redis hash plus a sorted set of probe leases)."""
+
+    state: State = "closed"
+    consecutive_failures: int = 0
+    opened_at_us: int = 0
+    open_until_us: int = 0
+    trips: int = 0
+    half_open_successes: int = 0
+    probes: dict[str, int] = field(default_factory=dict)  # permit id -> lease expiry
+    bucket_epoch: list[int] = field(default_factory=lambda: [-1] * BUCKETS)
+    bucket_calls: list[int] = field(default_factory=lambda: [0] * BUCKETS)
+    bucket_failures: list[int] = field(default_factory=lambda: [0] * BUCKETS)
+    totals: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TOTALS, 0))
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The answer to ``acquire``: admitted or not, and the transition this call made.
+
+    ``deliveries`` and ``skip`` answer the task-level questions a store may ask in the same
+    round trip (see ``store.Delivery``); the pure model leaves them at their defaults.
+    """
+
+    allowed: bool
+    kind: Kind | None
+    state: State
+    retry_after_us: int | None
+    transition: Transition | None
+    deliveries: int = 0
+    skip: Skip = ""
+
+
+@dataclass(frozen=True)
+class Change:
+    """The answer to ``record`` and ``force``: the resulting state and this call's transition."""
+
+    state: State
+    transition: Transition | None
+
+
+def window_counts(s: BreakerState, lim: Limits, now: int) -> tuple[int, int]:
+    """Calls and failures in the buckets that still lie inside the window at ``now``."""
+    current = now // lim.bucket_us
+    calls = failures = 0
+    for slot in range(BUCKETS):
+        if s.bucket_epoch[slot] > current - BUCKETS:
+            calls += s.bucket_calls[slot]
+            failures += s.bucket_failures[slot]
+    return calls, failures
+
+
+def _add_to_window(s: BreakerState, lim: Limits, now: int, calls: int, failures: int) -> None:
+    epoch = now // lim.bucket_us
+    slot = epoch % BUCKETS
+    if s.bucket_epoch[slot] != epoch:
+        s.bucket_epoch[slot], s.bucket_calls[slot], s.bucket_failures[slot] = epoch, 0, 0
+    s.bucket_calls[slot] += calls
+    s.bucket_failures[slot] += failures
+
+
+def _clear_counts(s: BreakerState) -> None:
+    s.consecutive_failures = 0
+    s.half_open_successes = 0
+    s.probes.clear()
+    s.bucket_epoch[:] = [-1] * BUCKETS
+    s.bucket_calls[:] = [0] * BUCKETS
+    s.bucket_failures[:] = [0] * BUCKETS
+
+
+def _trip(s: BreakerState, lim: Limits, now: int) -> Transition:
+    s.trips += 1
+    growth = 2 ** min(s.trips - 1, MAX_GROWTH_EXPONENT)
+    timeout = min(lim.open_timeout_max_us, lim.open_timeout_us * growth)
+    _clear_counts(s)
+    s.state, s.opened_at_us, s.open_until_us = "open", now, now + timeout
+    s.totals["opened_total"] += 1
+    return "opened"
+
+
+def _close(s: BreakerState) -> Transition:
+    _clear_counts(s)
+    s.state, s.trips, s.opened_at_us, s.open_until_us = "closed", 0, 0, 0
+    s.totals["closed_total"] += 1
+    return "closed"
+
+
+def _count(s: BreakerState, calls: int, failures: int) -> None:
+    s.totals["calls_total"] += calls
+    s.totals["failures_total"] += failures
+    s.totals["successes_total"] += calls - failures
+
+
+def acquire(
+    s: BreakerState, lim: Limits, now: int, permit_id: str, deferred_successes: int = 0
+) -> Decision:
+    """Ask for a permit; ``deferred_successes`` are normal successes recorded first."""
+    apply_deferred(s, lim, now, deferred_successes)
+    transition: Transition | None = None
+    if s.state in ("closed", "forced_closed"):
+        return Decision(True, "normal", s.state, None, None)
+    if s.state == "forced_open":
+        s.totals["rejected_total"] += 1
+        return Decision(False, None, s.state, None, None)
+    if s.state == "open":
+        if now < s.open_until_us:
+            s.totals["rejected_total"] += 1
+            return Decision(False, None, s.state, s.open_until_us - now, None)
+        s.state, s.half_open_successes = "half_open", 0
+        s.probes.clear()
+        s.totals["half_opened_total"] += 1
+        transition = "half_opened"
+
+    # half-open: a probe whose lease ran out belongs to a process that died or hangs.
+    for pid in [p for p, expiry in s.probes.items() if expiry <= now]:
+        del s.probes[pid]
+    if len(s.probes) < lim.half_open_max_calls:
+        s.probes[permit_id] = now + lim.probe_lease_us
+        return Decision(True, "probe", s.state, None, transition)
+    s.totals["rejected_total"] += 1
+    return Decision(False, None, s.state, lim.open_timeout_us, transition)
+
+
+def apply_deferred(s: BreakerState, lim: Limits, now: int, successes: int) -> None:
+    """Successes of normal permits that a process held back to save round trips."""
+    if successes > 0:
+        _count(s, successes, 0)
+        if s.state in ("closed", "forced_closed"):
+            _add_to_window(s, lim, now, successes, 0)
+            s.consecutive_failures = 0
+
+
+def record(
+    s: BreakerState,
+    lim: Limits,
+    now: int,
+    kind: Kind,
+    permit_id: str,
+    success: bool,
+    deferred_successes: int = 0,
+) -> Change:
+    """Record the outcome of a permitted call, after this process's deferred successes."""
+    apply_deferred(s, lim, now, deferred_successes)
+    _count(s, 1, 0 if success else 1)
+    if kind == "probe":
+        if s.state != "half_open" or permit_id not in s.probes:
+            return Change(s.state, None)
+        del s.probes[permit_id]
+        transition: Transition | None = None
+        if not success:
+            transition = _trip(s, lim, now)
+        else:
+            s.half_open_successes += 1
+            if s.half_open_successes >= lim.half_open_max_calls:
+                transition = _close(s)
+        return Change(s.state, transition)
+
+    if s.state not in ("closed", "forced_closed"):
+        return Change(s.state, None)
+    _add_to_window(s, lim, now, 1, 0 if success else 1)
+    if success:
+        s.consecutive_failures = 0
+        return Change(s.state, None)
+    s.consecutive_failures += 1
+    if s.state == "closed" and _should_trip(s, lim, now):
+        tripped = _trip(s, lim, now)
+        return Change(s.state, tripped)
+    return Change(s.state, None)
+
+
+def _should_trip(s: BreakerState, lim: Limits, now: int) -> bool:
+    if s.consecutive_failures >= lim.failure_threshold:
+        return True
+    if lim.failure_rate_threshold <= 0:
+        return False
+    calls, failures = window_counts(s, lim, now)
+    return calls >= lim.minimum_calls and failures / calls >= lim.failure_rate_threshold
+
+
+def force(s: BreakerState, action: Action) -> Change:
+    """An operator's order: hold open, hold closed, or reset to a fresh closed breaker."""
+    if action == "reset":
+        _clear_counts(s)
+        s.state, s.trips, s.opened_at_us, s.open_until_us = "closed", 0, 0, 0
+        return Change(s.state, "reset")
+    target: Literal["forced_open", "forced_closed"] = (
+        "forced_open" if action == "open" else "forced_closed"
+    )
+    if s.state == target:
+        return Change(s.state, None)
+    s.probes.clear()
+    s.half_open_successes = 0
+    s.state = target
+    return Change(s.state, target)
+
+
+def snapshot(s: BreakerState, lim: Limits, now: int) -> dict[str, object]:
+    """A read-only view; an open breaker whose timeout has passed reads as ``half_open``."""
+    calls, failures = window_counts(s, lim, now)
+    state: State = s.state
+    if state == "open" and now >= s.open_until_us:
+        state = "half_open"
+    live = sum(1 for expiry in s.probes.values() if expiry > now)
+    return {
+        "state": state,
+        "consecutive_failures": s.consecutive_failures,
+        "window_calls": calls,
+        "window_failures": failures,
+        "opened_at": s.opened_at_us / US if s.opened_at_us else None,
+        "open_until": s.open_until_us / US if s.open_until_us else None,
+        "trips": s.trips,
+        "half_open_successes": s.half_open_successes,
+        "probes_in_flight": live if s.state == "half_open" else 0,
+        **s.totals,
+    }

@@ -1,0 +1,154 @@
+"""Redis breaker store: one Lua script per atomic operation, time from Redis ``TIME``.
+
+Key layout (every key of one breaker shares a hash tag, so Redis Cluster accepts the scripts):
+
+======================================  ====  ================================================
+key                                     type  holds
+======================================  ====  ================================================
+``{<prefix>:breaker:<name>}:state``     hash  state, counters, sliding-window buckets, totals
+``{<prefix>:breaker:<name>}:probes``    zset  half-open probe permit id -> lease expiry (µs)
+``<prefix>:breakers``                   set   names of breakers ever used (for listings)
+``{<tag>}:delivery:<task id>:<retries>``  str   deliveries of one message (redelivery guard)
+``{<tag>}:done:<task id>``              str   the task id succeeded (``deduplicate=True``)
+======================================  ====  ================================================
+
+``<tag>`` is the breaker's tag, so the acquire script can touch them, or ``<prefix>:tasks``
+for tasks without a breaker.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from typing import Any, cast
+
+import redis
+
+from .model import Action, Change, Decision, Kind, Limits, Skip, State, Transition
+from .store import Delivery
+
+_INT_FIELDS = ("opened_at", "open_until")
+
+
+def _load_script(name: str) -> str:
+    lua = resources.files(__package__).joinpath("lua")
+    return lua.joinpath("_common.lua").read_text() + "\n" + lua.joinpath(f"{name}.lua").read_text()
+
+
+class RedisBreakerStore:
+    """Breakers kept in Redis under ``prefix``, shared by every process that uses the prefix."""
+
+    def __init__(self, client: redis.Redis, prefix: str = "resilience") -> None:
+        self.client = client
+        self.prefix = prefix
+        self._acquire = client.register_script(_load_script("acquire"))
+        self._record = client.register_script(_load_script("record"))
+        self._force = client.register_script(_load_script("force"))
+        self._snapshot = client.register_script(_load_script("snapshot"))
+        self._known: set[str] = set()
+
+    def _tag(self, scope: str | None) -> str:
+        return f"{{{self.prefix}:breaker:{scope}}}" if scope else f"{{{self.prefix}:tasks}}"
+
+    def keys(self, name: str) -> list[str]:
+        tag = self._tag(name)
+        return [f"{tag}:state", f"{tag}:probes"]
+
+    def _delivery_keys(self, scope: str | None, delivery: Delivery) -> tuple[str, str]:
+        tag = self._tag(scope)
+        return (
+            f"{tag}:delivery:{delivery.task_id}:{delivery.retries}",
+            f"{tag}:done:{delivery.task_id}",
+        )
+
+    def _remember(self, name: str) -> None:
+        # One SADD per breaker and process, so that listings find breakers never forced.
+        if name not in self._known:
+            self.client.sadd(f"{self.prefix}:breakers", name)
+            self._known.add(name)
+
+    def names(self) -> set[str]:
+        return {
+            n.decode() for n in cast(set[bytes], self.client.smembers(f"{self.prefix}:breakers"))
+        }
+
+    def acquire(
+        self,
+        name: str,
+        limits: Limits,
+        permit_id: str,
+        deferred_successes: int = 0,
+        now_us: int | None = None,
+        delivery: Delivery | None = None,
+    ) -> Decision:
+        self._remember(name)
+        keys = self.keys(name)
+        ttl = max_deliveries = 0
+        if delivery is not None:
+            counter, marker = self._delivery_keys(name, delivery)
+            # KEYS[3] must be there for KEYS[4]: a counter nobody reads is harmless.
+            keys += [counter, marker] if delivery.check_done else [counter] * delivery.count
+            ttl, max_deliveries = delivery.ttl, delivery.max_deliveries
+        argv = [_now(now_us), *limits.argv(), permit_id, deferred_successes, ttl, max_deliveries]
+        reply = self._acquire(keys, argv)
+        allowed, kind, state, retry_after, transition, deliveries, skip = reply
+        return Decision(
+            allowed=bool(allowed),
+            kind=cast(Kind, kind.decode()) if kind else None,
+            state=cast(State, state.decode()),
+            retry_after_us=None if retry_after < 0 else int(retry_after),
+            transition=_transition(transition),
+            deliveries=int(deliveries),
+            skip=cast(Skip, skip.decode()),
+        )
+
+    def deliver(self, scope: str | None, delivery: Delivery) -> tuple[int, Skip]:
+        counter, marker = self._delivery_keys(scope, delivery)
+        with self.client.pipeline(transaction=False) as pipe:
+            if delivery.count:
+                pipe.incr(counter)
+                pipe.expire(counter, delivery.ttl)
+            if delivery.check_done:
+                pipe.exists(marker)
+            replies = pipe.execute()
+        deliveries = int(replies[0]) if delivery.count else 0
+        return deliveries, delivery.skip(deliveries, bool(delivery.check_done and replies[-1]))
+
+    def mark_done(self, scope: str | None, task_id: str, ttl: int) -> None:
+        self.client.set(f"{self._tag(scope)}:done:{task_id}", 1, ex=ttl)
+
+    def record(
+        self,
+        name: str,
+        limits: Limits,
+        kind: Kind,
+        permit_id: str,
+        success: bool,
+        deferred_successes: int = 0,
+        now_us: int | None = None,
+    ) -> Change:
+        outcome = "1" if success else "0"
+        argv = [_now(now_us), *limits.argv(), kind, permit_id, outcome, deferred_successes]
+        state, transition = self._record(self.keys(name), argv)
+        return Change(cast(State, state.decode()), _transition(transition))
+
+    def force(self, name: str, limits: Limits, action: Action, now_us: int | None = None) -> Change:
+        self._remember(name)
+        state, transition = self._force(self.keys(name), [_now(now_us), *limits.argv(), action])
+        return Change(cast(State, state.decode()), _transition(transition))
+
+    def snapshot(self, name: str, limits: Limits, now_us: int | None = None) -> dict[str, object]:
+        flat = self._snapshot(self.keys(name), [_now(now_us), *limits.argv()])
+        out: dict[str, Any] = {}
+        for field, value in zip(flat[::2], flat[1::2], strict=True):
+            out[field.decode()] = value.decode() if isinstance(value, bytes) else value
+        for field in _INT_FIELDS:
+            out[field] = out[field] / 1_000_000 if out[field] else None
+        return out
+
+
+def _now(now_us: int | None) -> int | str:
+    return "" if now_us is None else now_us
+
+
+def _transition(raw: bytes) -> Transition | None:
+    return cast(Transition, raw.decode()) if raw else None

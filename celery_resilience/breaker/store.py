@@ -1,0 +1,73 @@
+"""The narrow protocol every breaker backend implements: four coarse atomic operations."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from .model import Action, Change, Decision, Kind, Limits, Skip
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """Task-level questions asked in the same round trip as the breaker's permit.
+
+    ``count``: count this delivery of (task id, retries), to spot a message redelivered in a
+    loop (past ``max_deliveries``, 0 = no limit); ``check_done``: has this task id already
+    succeeded (``deduplicate=True``)?
+    """
+
+    task_id: str
+    retries: int
+    count: bool = False
+    check_done: bool = False
+    ttl: int = 3600
+    max_deliveries: int = 0
+
+    def skip(self, deliveries: int, done: bool) -> Skip:
+        if done:
+            return "done"
+        if self.max_deliveries and deliveries > self.max_deliveries:
+            return "redelivered"
+        return ""
+
+
+class BreakerStore(Protocol):
+    """Atomic operations on named breakers; ``now_us`` pins the time (tests only)."""
+
+    def acquire(
+        self,
+        name: str,
+        limits: Limits,
+        permit_id: str,
+        deferred_successes: int = 0,
+        now_us: int | None = None,
+        delivery: Delivery | None = None,
+    ) -> Decision: ...
+
+    def record(
+        self,
+        name: str,
+        limits: Limits,
+        kind: Kind,
+        permit_id: str,
+        success: bool,
+        deferred_successes: int = 0,
+        now_us: int | None = None,
+    ) -> Change: ...
+
+    def force(
+        self, name: str, limits: Limits, action: Action, now_us: int | None = None
+    ) -> Change: ...
+
+    def snapshot(
+        self, name: str, limits: Limits, now_us: int | None = None
+    ) -> dict[str, object]: ...
+
+    def deliver(self, scope: str | None, delivery: Delivery) -> tuple[int, Skip]:
+        """``Delivery`` alone, for a task without a breaker: (deliveries, skip)."""
+        ...
+
+    def mark_done(self, scope: str | None, task_id: str, ttl: int) -> None:
+        """Remember that ``task_id`` succeeded, for ``ttl`` seconds."""
+        ...

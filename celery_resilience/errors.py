@@ -1,0 +1,30 @@
+"""The typed error hierarchy: catch ``ResilienceError`` to catch everything of ours."""
+
+from __future__ import annotations
+
+
+class ResilienceError(Exception):
+    """Base class of every error raised by celery-resilience."""
+
+
+class ConfigurationError(ResilienceError, ValueError):
+    """A ``resilience_*`` setting or a task option is invalid; the message names it."""
+
+
+class BreakerOpen(ResilienceError):
+    """A breaker did not admit the call.
+
+    ``retry_after`` is how long (seconds) until the breaker may admit a probe, or ``None`` when
+    unknown (forced open, Redis unreachable with ``fail_closed``).
+    """
+
+    def __init__(self, breaker: str, state: str, retry_after: float | None = None) -> None:
+        self.breaker = breaker
+        self.state = state
+        self.retry_after = retry_after
+        hint = f", retry in {retry_after:.3f}s" if retry_after is not None else ""
+        super().__init__(f"breaker {breaker!r} is {state}{hint}")
+
+
+class StoreUnavailable(ResilienceError):
+    """Redis (or the configured store) could not be reached within its timeout."""

@@ -1,0 +1,35 @@
+"""Events Flower sees: task-scoped ``task-parked`` / ``task-replayed``, and breaker events.
+
+Celery's event state maps unknown ``task-*`` events to custom task states, so a parked task
+shows as ``PARKED`` in Flower. Events are sent with the worker's own hostname (a prefork
+child's default dispatcher would use another name, and Flower would not match it).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .backout.entry import ParkedTask
+
+logger = logging.getLogger("celery_resilience.events")
+
+
+def send_task_parked(task: Any, entry: ParkedTask) -> None:
+    """``task-parked`` with reason, breaker, entry id and due time, for the current task."""
+    request = task.request
+    if request.is_eager or not getattr(task, "send_events", True):
+        return
+    try:
+        task.send_event(
+            "task-parked",
+            reason=entry.reason,
+            breaker=entry.breaker,
+            entry_id=entry.id,
+            due_at=entry.due_at,
+            exception=f"{entry.exc_type}: {entry.exc_message}" if entry.exc_type else "",
+            retry=False,
+        )
+    except Exception:  # monitoring must never turn a safely parked task into a failure
+        logger.warning("Could not send task-parked for %s", request.id, exc_info=True)

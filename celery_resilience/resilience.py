@@ -1,0 +1,188 @@
+"""``Resilience.for_app(app)``: the one object per Celery app that owns settings and connections.
+
+Connections are made lazily and again in every process: after a fork (prefork pool children)
+nothing opened by the parent is used, since a shared socket would interleave replies.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import weakref
+from typing import Any
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from .backout.redis import RedisBackoutStore
+from .backout.store import BackoutStore
+from .breaker.breaker import Admission, Breaker, RedisHealth, TransitionListener
+from .breaker.redis import RedisBreakerStore
+from .breaker.store import BreakerStore, Delivery
+from .config import ResilienceConfig
+
+_instances: weakref.WeakKeyDictionary[Any, Resilience] = weakref.WeakKeyDictionary()
+_instances_lock = threading.Lock()
+
+
+def all_instances() -> list[Resilience]:
+    with _instances_lock:
+        return list(_instances.values())
+
+
+def make_redis_client(config: ResilienceConfig) -> redis.Redis:
+    """A client that gives up within ``resilience_redis_timeout`` instead of redis-py's seconds.
+
+    One retry without backoff lets a pooled connection that Redis closed (a restart) reconnect
+    at once; a Redis that is really gone fails after two short timeouts.
+    """
+    return redis.Redis.from_url(
+        config.redis_url,
+        socket_connect_timeout=config.redis_timeout,
+        socket_timeout=config.redis_timeout,
+        retry=Retry(NoBackoff(), 1),
+        health_check_interval=30,
+    )
+
+
+class Resilience:
+    """Settings, Redis connection, breakers and back-out store of one Celery app."""
+
+    def __init__(
+        self,
+        app: Any,
+        config: ResilienceConfig | None = None,
+        breaker_store: BreakerStore | None = None,
+        backout: BackoutStore | None = None,
+    ) -> None:
+        self.app = app
+        self.config = config if config is not None else ResilienceConfig.from_app(app)
+        self.health = RedisHealth(self.config.on_redis_error)
+        self.transition_listeners: list[TransitionListener] = []
+        self._fixed_breaker_store = breaker_store
+        self._fixed_backout = backout
+        self._backout: BackoutStore | None = None
+        self._breakers: dict[str, Breaker] = {}
+        self._lock = threading.Lock()
+        self._pid = -1
+        self._client: redis.Redis | None = None
+        self._breaker_store: BreakerStore | None = None
+
+    @classmethod
+    def for_app(cls, app: Any) -> Resilience:
+        """The app's one instance, made (and its settings validated) on first use."""
+        with _instances_lock:
+            instance = _instances.get(app)
+            if instance is None:
+                instance = _instances[app] = cls(app)
+            return instance
+
+    @classmethod
+    def install(cls, app: Any, instance: Resilience) -> Resilience:
+        """Use ``instance`` for ``app`` from now on (tests, or a custom store)."""
+        with _instances_lock:
+            _instances[app] = instance
+        return instance
+
+    # -- connections, made again after a fork ---------------------------------------------
+    def _connect(self) -> None:
+        with self._lock:
+            if self._pid == os.getpid():
+                return
+            self._client = make_redis_client(self.config)
+            self._breaker_store = self._fixed_breaker_store or RedisBreakerStore(
+                self._client, self.config.key_prefix
+            )
+            self._backout = self._fixed_backout or RedisBackoutStore(
+                self._client,
+                self.config.key_prefix,
+                serializer=self.config.serializer,
+                accept=self.app.conf.accept_content,
+                max_entries=self.config.backout_max_entries,
+                dead_ttl=self.config.dead_ttl,
+            )
+            self._pid = os.getpid()
+
+    def reset_connections(self) -> None:
+        """Forget connections so the next use opens new ones (``worker_process_init``)."""
+        with self._lock:
+            self._pid = -1
+
+    @property
+    def redis(self) -> redis.Redis:
+        if self._pid != os.getpid():
+            self._connect()
+        assert self._client is not None
+        return self._client
+
+    @property
+    def breaker_store(self) -> BreakerStore:
+        if self._pid != os.getpid():
+            self._connect()
+        assert self._breaker_store is not None
+        return self._breaker_store
+
+    @property
+    def backout(self) -> BackoutStore:
+        """The back-out store: where tasks that can't run now are parked."""
+        if self._pid != os.getpid():
+            self._connect()
+        assert self._backout is not None
+        return self._backout
+
+    # -- breakers ---------------------------------------------------------------------------
+    def breaker(self, name: str) -> Breaker:
+        """The shared breaker ``name`` (settings from ``resilience_breakers`` or the defaults)."""
+        breaker = self._breakers.get(name)
+        if breaker is None:
+            with self._lock:
+                breaker = self._breakers.get(name)
+                if breaker is None:
+                    breaker = Breaker(
+                        name,
+                        self.config.breaker(name),
+                        lambda: self.breaker_store,
+                        self.health,
+                        self.transition_listeners,
+                    )
+                    self._breakers[name] = breaker
+        return breaker
+
+    def flush(self) -> None:
+        """Send every breaker's deferred successes now (worker shutdown)."""
+        for breaker in list(self._breakers.values()):
+            breaker.flush()
+
+    def deliver(self, scope: str | None, delivery: Delivery) -> Admission:
+        """The delivery questions of a task without a breaker (one round trip)."""
+        try:
+            deliveries, skip = self.breaker_store.deliver(scope, delivery)
+        except redis.RedisError as exc:
+            self.health.failed(scope or "-", exc)
+            return Admission(None, None)
+        return Admission(None, None, deliveries, skip)
+
+    def mark_done(self, scope: str | None, task_id: str) -> None:
+        """Remember that ``task_id`` succeeded (``deduplicate=True``)."""
+        try:
+            self.breaker_store.mark_done(scope, task_id, int(self.config.dedup_ttl))
+        except redis.RedisError as exc:
+            self.health.failed(scope or "-", exc)
+
+    def now(self) -> float:
+        """Epoch seconds from Redis ``TIME`` (the fleet's one clock), or local time if down."""
+        try:
+            seconds, micros = self.redis.time()
+        except redis.RedisError:
+            return time.time()
+        return float(seconds) + micros / 1_000_000
+
+    def breaker_names(self) -> list[str]:
+        """Configured breakers and every breaker that has state in the store."""
+        names = set(self.config.breakers)
+        store_names = getattr(self.breaker_store, "names", None)
+        if store_names is not None:
+            names |= store_names()
+        return sorted(names)

@@ -1,0 +1,48 @@
+"""Shared fixtures: every test that touches Redis works under its own key prefix.
+
+Tests use the Redis on 127.0.0.1:6379 (``RESILIENCE_TEST_REDIS_URL`` overrides it) and delete
+only the keys under their own prefix; they never flush a database.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+REDIS_URL = os.environ.get("RESILIENCE_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    return REDIS_URL
+
+
+@pytest.fixture
+def redis_client(redis_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url)
+    try:
+        client.ping()
+    except redis.ConnectionError:  # pragma: no cover - CI starts Redis first
+        pytest.fail(f"no Redis at {redis_url}: start one or set RESILIENCE_TEST_REDIS_URL")
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def key_prefix(redis_client: redis.Redis) -> Iterator[str]:
+    """A fresh prefix; every key made under it is deleted afterwards."""
+    prefix = f"test-{uuid.uuid4().hex[:12]}"
+    yield prefix
+    delete_prefix(redis_client, prefix)
+
+
+def delete_prefix(client: redis.Redis, prefix: str) -> None:
+    # Keys are hash-tagged, so a prefix may appear right after the opening brace.
+    for pattern in (f"{prefix}*", f"{{{prefix}*"):
+        keys = list(client.scan_iter(match=pattern, count=1000))
+        if keys:
+            client.delete(*keys)

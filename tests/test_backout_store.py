@@ -1,0 +1,490 @@
+"""The back-out store contract: one suite, run against every backend."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import redis
+import redis.backoff
+import redis.retry
+
+from celery_resilience.backout import (
+    NO_BREAKER,
+    MemoryBackoutStore,
+    ParkedTask,
+    RedisBackoutStore,
+    StoreFull,
+    encode,
+)
+from celery_resilience.backout.entry import UNDECODABLE_TASK
+from celery_resilience.errors import ConfigurationError, StoreUnavailable
+
+Store = MemoryBackoutStore | RedisBackoutStore
+MakeStore = Callable[..., Store]
+
+T0 = 1_700_000_000.0
+
+
+def entry(n: int = 0, **fields: Any) -> ParkedTask:
+    values: dict[str, Any] = {
+        "task_name": "shop.charge",
+        "task_id": f"task-{n}",
+        "args": [n, "naïve ☃", {"nested": [1, {"k": None}], "t": [True, 2.5]}],
+        "kwargs": {"order": f"A-{n}", "lines": [{"sku": "é", "qty": 2}]},
+        "options": {"queue": "payments", "routing_key": "pay", "priority": 3, "headers": {}},
+        "breaker": "payments",
+        "reason": "breaker_open",
+        "exc_type": "builtins.ConnectionError",
+        "exc_message": "refused",
+        "traceback": "Traceback...",
+        "retries": 2,
+        "parked_at": T0 + n,
+        "due_at": T0 + n + 30,
+    }
+    values.update(fields)
+    return ParkedTask.new(**values)
+
+
+@pytest.fixture(params=["memory", "redis"])
+def make_store(request: pytest.FixtureRequest) -> MakeStore:
+    """Builds a store of the parametrized kind; several per test share one Redis prefix."""
+    if request.param == "memory":
+        return MemoryBackoutStore
+    client: redis.Redis = request.getfixturevalue("redis_client")
+    prefix: str = request.getfixturevalue("key_prefix")
+    made = 0
+
+    def make(**options: Any) -> Store:
+        nonlocal made
+        made += 1
+        return RedisBackoutStore(client, f"{prefix}-{made}", **options)
+
+    return make
+
+
+@pytest.fixture
+def store(make_store: MakeStore) -> Store:
+    return make_store()
+
+
+def raw(store: Store, entry_id: str) -> bytes | None:
+    if isinstance(store, RedisBackoutStore):
+        return store.client.hget(store.keys.entries, entry_id)  # type: ignore[return-value]
+    record = store._records.get(entry_id)
+    return None if record is None else record.data
+
+
+def ids(entries: list[ParkedTask]) -> list[str]:
+    return [e.id for e in entries]
+
+
+# -- park and get ---------------------------------------------------------------------------
+
+
+def test_park_get_round_trip_of_every_field(store: Store) -> None:
+    named = entry(1, retries=5, replays=2, exc_message="ü" * 50)
+    anonymous = entry(2, breaker=None, reason="retries_exhausted", kwargs={}, options={})
+    store.park(named)
+    store.park(anonymous)
+    assert store.get(named.id) == named
+    assert store.get(anonymous.id) == anonymous
+    assert store.get(anonymous.id).breaker is None  # type: ignore[union-attr]
+    assert store.get(uuid.uuid4().hex) is None
+
+
+def test_park_is_idempotent_for_the_same_id(store: Store) -> None:
+    first = entry(1)
+    store.park(first)
+    store.park(first)
+    store.park(first.replace(task_name="other", breaker="else"))
+    assert store.count() == 1
+    assert store.get(first.id) == first
+    assert store.breakers() == {"payments"}
+
+
+def test_a_dead_entry_can_be_parked_directly(store: Store) -> None:
+    dead = entry(1, status="dead", dead_reason="unregistered")
+    store.park(dead)
+    assert store.get(dead.id) == dead
+    assert store.count(status="dead") == 1
+    assert store.count(status="parked") == 0
+
+
+# -- count, list, breakers ------------------------------------------------------------------
+
+
+@pytest.fixture
+def mixed(store: Store) -> list[ParkedTask]:
+    """Six entries: three breakers, both statuses, several reasons; parked_at T0+0..T0+5."""
+    entries = [
+        entry(0, breaker="payments", reason="breaker_open"),
+        entry(1, breaker="payments", reason="retries_exhausted"),
+        entry(2, breaker="mail", reason="breaker_open"),
+        entry(3, breaker=None, reason="delay_too_long"),
+        entry(4, breaker="payments", reason="park_on"),
+        entry(5, breaker=None, reason="retries_exhausted"),
+    ]
+    for e in entries:
+        store.park(e)
+    assert store.mark_dead(entries[1].id, "max_replays")
+    assert store.mark_dead(entries[5].id, "unregistered")
+    return entries
+
+
+def test_count_with_every_filter(store: Store, mixed: list[ParkedTask]) -> None:
+    assert store.count() == 6
+    assert store.count(breaker="payments") == 3
+    assert store.count(breaker="mail") == 1
+    assert store.count(breaker=NO_BREAKER) == 2
+    assert store.count(breaker="nobody") == 0
+    assert store.count(status="parked") == 4
+    assert store.count(status="dead") == 2
+    assert store.count(breaker="payments", status="dead") == 1
+    assert store.count(breaker=NO_BREAKER, status="parked") == 1
+    assert store.breakers() == {"payments", "mail", NO_BREAKER}
+
+
+def test_list_newest_first_with_every_filter(store: Store, mixed: list[ParkedTask]) -> None:
+    e = mixed
+    assert ids(store.list()) == ids(e[::-1])
+    assert ids(store.list(breaker="payments")) == [e[4].id, e[1].id, e[0].id]
+    assert ids(store.list(breaker=NO_BREAKER)) == [e[5].id, e[3].id]
+    assert ids(store.list(status="dead")) == [e[5].id, e[1].id]
+    assert ids(store.list(status="parked")) == [e[4].id, e[3].id, e[2].id, e[0].id]
+    assert ids(store.list(reason="breaker_open")) == [e[2].id, e[0].id]
+    assert ids(store.list(breaker="payments", status="parked", reason="park_on")) == [e[4].id]
+    assert store.list(breaker="mail", status="dead") == []
+    dead = store.list(status="dead")
+    assert [(d.status, d.dead_reason) for d in dead] == [
+        ("dead", "unregistered"),
+        ("dead", "max_replays"),
+    ]
+    assert dead[1] == e[1].replace(status="dead", dead_reason="max_replays")
+
+
+def test_list_pages(store: Store, mixed: list[ParkedTask]) -> None:
+    newest_first = ids(mixed[::-1])
+    assert ids(store.list(limit=2)) == newest_first[:2]
+    assert ids(store.list(limit=2, offset=2)) == newest_first[2:4]
+    assert ids(store.list(limit=10, offset=4)) == newest_first[4:]
+    assert store.list(offset=6) == []
+    assert store.list(limit=0) == []
+    payments = [mixed[4].id, mixed[1].id, mixed[0].id]
+    assert ids(store.list(breaker="payments", limit=1, offset=1)) == payments[1:2]
+    assert ids(store.list(breaker="payments", limit=5, offset=2)) == payments[2:]
+
+
+def test_list_pages_through_many_entries(store: Store) -> None:
+    for n in range(1200):  # more than one internal page of the Redis store
+        store.park(entry(n, breaker="a" if n % 3 else "b"))
+    b_newest = [f"task-{n}" for n in range(1199, -1, -1) if n % 3 == 0]
+    listed = store.list(breaker="b", limit=50, offset=300)
+    assert [x.task_id for x in listed] == b_newest[300:350]
+    assert [x.task_id for x in store.list(limit=3, offset=1100)] == [
+        "task-99",
+        "task-98",
+        "task-97",
+    ]
+
+
+def test_bad_filters_are_refused(store: Store) -> None:
+    with pytest.raises(ValueError, match="status"):
+        store.count(status="PARKED")
+    with pytest.raises(ValueError, match="reason"):
+        store.list(reason="bored")
+    with pytest.raises(ValueError, match="reason"):
+        store.purge(reason="bored")
+    with pytest.raises(ValueError, match="offset"):
+        store.list(offset=-1)
+    with pytest.raises(ValueError, match="dead_reason"):
+        store.mark_dead("x", "a|b")
+
+
+# -- delete and purge -----------------------------------------------------------------------
+
+
+def test_delete(store: Store, mixed: list[ParkedTask]) -> None:
+    assert store.delete(mixed[2].id) is True
+    assert store.delete(mixed[2].id) is False
+    assert store.delete("never-there") is False
+    assert store.get(mixed[2].id) is None
+    assert store.count() == 5
+    assert "mail" not in store.breakers()
+    assert store.delete(mixed[1].id) is True  # a dead one
+    assert store.count(status="dead") == 1
+
+
+@pytest.mark.parametrize(
+    ("filters", "removed"),
+    [
+        ({"breaker": "payments"}, {0, 1, 4}),
+        ({"breaker": NO_BREAKER}, {3, 5}),
+        ({"status": "dead"}, {1, 5}),
+        ({"reason": "retries_exhausted"}, {1, 5}),
+        ({"breaker": "payments", "status": "parked"}, {0, 4}),
+        ({"breaker": "mail", "status": "dead"}, set()),
+        ({}, {0, 1, 2, 3, 4, 5}),
+    ],
+)
+def test_purge_by_filter(
+    store: Store, mixed: list[ParkedTask], filters: dict[str, str], removed: set[int]
+) -> None:
+    assert store.purge(**filters) == len(removed)
+    assert set(ids(store.list())) == {e.id for n, e in enumerate(mixed) if n not in removed}
+    assert store.count() == 6 - len(removed)
+    assert store.count(status="dead") == len({1, 5} - removed)
+
+
+def test_purge_many(store: Store) -> None:
+    for n in range(1100):
+        store.park(entry(n, breaker=f"b{n % 4}"))
+    assert store.purge(breaker="b1") == 275
+    assert store.count() == 825
+    assert store.purge() == 825
+    assert store.count() == 0
+    assert store.breakers() == set()
+
+
+# -- capacity -------------------------------------------------------------------------------
+
+
+def test_store_full_refuses_loudly_and_drops_nothing(make_store: MakeStore) -> None:
+    store = make_store(max_entries=3)
+    kept = [entry(n) for n in range(3)]
+    for e in kept:
+        store.park(e)
+    store.mark_dead(kept[0].id, "max_replays")  # dead entries count too
+    extra = entry(9)
+    with pytest.raises(StoreFull) as info:
+        store.park(extra)
+    assert info.value.max_entries == 3
+    assert info.value.entry_id == extra.id
+    assert store.count() == 3
+    assert store.get(extra.id) is None
+    assert all(store.get(e.id) is not None for e in kept)
+    store.park(kept[1])  # re-parking a stored id is still a no-op, not an error
+    assert store.delete(kept[2].id)
+    store.park(extra)
+    assert store.get(extra.id) == extra
+
+
+def test_concurrent_parks_never_exceed_max_entries(make_store: MakeStore) -> None:
+    store = make_store(max_entries=40)
+    full = []
+
+    def park_many(worker: int) -> None:
+        for n in range(20):
+            try:
+                store.park(entry(worker * 100 + n))
+            except StoreFull:
+                full.append(1)
+
+    threads = [threading.Thread(target=park_many, args=(w,)) for w in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert store.count() == 40
+    assert len(full) == 40
+
+
+# -- dead entries ---------------------------------------------------------------------------
+
+
+def test_mark_dead(store: Store) -> None:
+    e = entry(1)
+    store.park(e)
+    assert store.mark_dead(e.id, "max_replays") is True
+    got = store.get(e.id)
+    assert got == e.replace(status="dead", dead_reason="max_replays")
+    assert store.mark_dead(e.id, "again") is False
+    assert store.get(e.id).dead_reason == "max_replays"  # type: ignore[union-attr]
+    assert store.mark_dead("never-there", "max_replays") is False
+    assert (store.count(status="parked"), store.count(status="dead")) == (0, 1)
+    if isinstance(store, RedisBackoutStore):
+        keys = store.keys
+        assert store.client.zscore(keys.ready("payments"), e.id) is None
+        assert store.client.zscore(keys.dead, e.id) is not None
+
+
+def test_dead_entries_expire_after_dead_ttl(make_store: MakeStore) -> None:
+    store = make_store(dead_ttl=0.3)
+    old, young, parked = entry(1), entry(2), entry(3)
+    for e in (old, young, parked):
+        store.park(e)
+    store.mark_dead(old.id, "max_replays")
+    assert store.expire_dead() == 0
+    time.sleep(0.35)
+    store.mark_dead(young.id, "max_replays")
+    assert store.expire_dead() == 1
+    assert store.get(old.id) is None
+    assert {x.id for x in store.list()} == {young.id, parked.id}
+    assert store.count(status="dead") == 1
+
+
+def test_dead_entries_are_kept_without_dead_ttl(store: Store) -> None:
+    e = entry(1)
+    store.park(e)
+    store.mark_dead(e.id, "max_replays")
+    assert store.expire_dead() == 0
+    assert store.count() == 1
+
+
+# -- undecodable entries --------------------------------------------------------------------
+
+
+def test_corrupt_bytes_give_a_placeholder_and_are_kept(store: Store) -> None:
+    good, bad = entry(1), entry(2, breaker="mail", reason="park_on")
+    store.park(good)
+    store.park(bad)
+    store._put_raw(bad.id, b"\x00\xffgarbage")
+    placeholder = store.get(bad.id)
+    assert placeholder is not None
+    assert placeholder.task_name == UNDECODABLE_TASK
+    assert (placeholder.status, placeholder.dead_reason) == ("dead", "undecodable")
+    assert placeholder.exc_message
+    assert bad.id in placeholder.exc_message
+    assert (placeholder.breaker, placeholder.reason) == ("mail", "park_on")
+    assert placeholder.parked_at == bad.parked_at
+    assert (placeholder.args, placeholder.kwargs, placeholder.task_id) == ([], {}, "")
+    assert raw(store, bad.id) == b"\x00\xffgarbage"
+    assert store.count() == 2
+    assert store.count(breaker="mail") == 1
+    assert ids(store.list()) == [bad.id, good.id]
+    assert store.list()[0] == placeholder
+    assert raw(store, bad.id) == b"\x00\xffgarbage"
+    # It can be quarantined without being decoded, and deleted on purpose.
+    assert store.mark_dead(bad.id, "undecodable")
+    assert store.count(status="dead") == 1
+    assert raw(store, bad.id) == b"\x00\xffgarbage"
+    assert store.delete(bad.id)
+    assert store.count() == 1
+
+
+def test_raw_bytes_of_an_unknown_id_are_counted(store: Store) -> None:
+    store._put_raw("raw-1", b"1;application/json;utf-8\n{}")
+    got = store.get("raw-1")
+    assert got is not None
+    assert got.task_name == UNDECODABLE_TASK
+    assert got.breaker is None
+    assert store.count() == 1
+    assert store.count(breaker=NO_BREAKER) == 1
+    assert "missing fields" in got.exc_message
+
+
+def test_pickle_is_refused_unless_accepted(make_store: MakeStore) -> None:
+    e = entry(1, args=[("a", "tuple")])
+    strict = make_store(accept=["json"])
+    strict.park(entry(0))
+    strict._put_raw(e.id, encode(e, "pickle"))
+    got = strict.get(e.id)
+    assert got is not None
+    assert got.task_name == UNDECODABLE_TASK
+    assert "not accepted" in got.exc_message
+    assert strict.count() == 2
+
+    lenient = make_store(accept=["json", "pickle"])
+    lenient._put_raw(e.id, encode(e, "pickle"), parked_at=e.parked_at)
+    assert lenient.get(e.id) == e
+
+    pickling = make_store(serializer="pickle", accept=["pickle"])
+    pickling.park(e)
+    assert raw(pickling, e.id).startswith(b"1;application/x-python-serialize;")  # type: ignore[union-attr]
+    assert pickling.get(e.id) == e
+
+
+def test_a_serializer_outside_accept_is_a_configuration_error(make_store: MakeStore) -> None:
+    with pytest.raises(ConfigurationError, match="accept_content"):
+        make_store(serializer="pickle", accept=["json"])
+
+
+# -- Redis specifics ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def redis_store(redis_client: redis.Redis, key_prefix: str) -> RedisBackoutStore:
+    return RedisBackoutStore(redis_client, key_prefix)
+
+
+def test_every_key_shares_the_hash_tag(redis_store: RedisBackoutStore, key_prefix: str) -> None:
+    for n in range(3):
+        redis_store.park(entry(n, breaker=[None, "a", "b"][n]))
+    redis_store.mark_dead(redis_store.list()[0].id, "max_replays")
+    client = redis_store.client
+    keys = {k.decode() for k in client.scan_iter(match=f"*{key_prefix}*")}
+    tag = f"{{{key_prefix}:backout}}"
+    assert all(k.startswith(tag + ":") for k in keys)
+    assert {k[len(tag) + 1 :] for k in keys} == {
+        "entries",
+        "index",
+        "meta",
+        "counts",
+        "dead",
+        "ready:-",
+        "ready:a",
+    }
+
+
+def test_in_flight_entries_still_read_as_parked(redis_store: RedisBackoutStore) -> None:
+    e = entry(1)
+    redis_store.park(e)
+    keys, client = redis_store.keys, redis_store.client
+    client.zrem(keys.ready("payments"), e.id)  # what the drain's claim will do
+    client.zadd(keys.inflight, {e.id: time.time() + 60})
+    assert redis_store.get(e.id) == e
+    assert redis_store.count(status="parked") == 1
+    assert ids(redis_store.list(status="parked")) == [e.id]
+    assert redis_store.mark_dead(e.id, "max_replays")
+    assert client.zscore(keys.inflight, e.id) is None
+    other = entry(2)
+    redis_store.park(other)
+    client.zadd(keys.inflight, {other.id: time.time() + 60})
+    assert redis_store.delete(other.id)
+    assert client.zcard(keys.inflight) == 0
+
+
+def test_bad_prefix_is_refused(redis_client: redis.Redis) -> None:
+    with pytest.raises(ConfigurationError, match="prefix"):
+        RedisBackoutStore(redis_client, "a{b}")
+
+
+@pytest.fixture
+def closed_port() -> int:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port: int = sock.getsockname()[1]
+    sock.close()
+    return port
+
+
+def test_unreachable_redis_raises_store_unavailable_quickly(closed_port: int) -> None:
+    client = redis.Redis(
+        host="127.0.0.1",
+        port=closed_port,
+        socket_connect_timeout=0.2,
+        socket_timeout=0.2,
+        retry=redis.retry.Retry(redis.backoff.NoBackoff(), 0),
+    )
+    store = RedisBackoutStore(client, "unreachable")
+    calls: list[Callable[[], object]] = [
+        lambda: store.park(entry(1)),
+        lambda: store.get("x"),
+        store.count,
+        store.list,
+        lambda: store.list(breaker="a"),
+        lambda: store.delete("x"),
+        store.purge,
+        store.breakers,
+        lambda: store.mark_dead("x", "max_replays"),
+    ]
+    for call in calls:
+        started = time.monotonic()
+        with pytest.raises(StoreUnavailable):
+            call()
+        assert time.monotonic() - started < 2.0
