@@ -1,7 +1,9 @@
 """celery-resilience: shared circuit breakers, jittered retries and a back-out store for Celery."""
 
-from . import backoff
+from . import backoff, tasks
+from .backout import ParkedTask
 from .breaker import Breaker, Permit
+from .drain import DrainReport
 from .errors import BreakerOpen, ConfigurationError, ResilienceError, StoreUnavailable
 from .resilience import Resilience
 from .task import ResilientTask
@@ -12,6 +14,8 @@ __all__ = [
     "Breaker",
     "BreakerOpen",
     "ConfigurationError",
+    "DrainReport",
+    "ParkedTask",
     "Permit",
     "Resilience",
     "ResilienceError",
@@ -19,4 +23,5 @@ __all__ = [
     "StoreUnavailable",
     "__version__",
     "backoff",
+    "tasks",
 ]

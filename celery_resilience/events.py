@@ -8,6 +8,8 @@ child's default dispatcher would use another name, and Flower would not match it
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -33,3 +35,42 @@ def send_task_parked(task: Any, entry: ParkedTask) -> None:
         )
     except Exception:  # monitoring must never turn a safely parked task into a failure
         logger.warning("Could not send task-parked for %s", request.id, exc_info=True)
+
+
+class ReplayEvents:
+    """Sends ``task-replayed`` for each replayed entry through one dispatcher."""
+
+    def __init__(self, dispatcher: Any) -> None:
+        self.dispatcher = dispatcher
+
+    def replayed(self, entry: ParkedTask) -> None:
+        if self.dispatcher is None:
+            return
+        try:
+            self.dispatcher.send(
+                "task-replayed",
+                uuid=entry.task_id,
+                name=entry.task_name,
+                entry_id=entry.id,
+                replays=entry.replays + 1,
+                breaker=entry.breaker,
+                reason=entry.reason,
+            )
+        except Exception:
+            logger.warning("Could not send task-replayed for %s", entry.task_id, exc_info=True)
+
+
+@contextmanager
+def replay_dispatcher(app: Any, hostname: str | None = None) -> Iterator[ReplayEvents]:
+    """A dispatcher for a batch of replays; monitoring trouble never stops a drain."""
+    try:
+        dispatcher = app.events.default_dispatcher(hostname=hostname)
+        opened = dispatcher.__enter__()
+    except Exception:
+        logger.warning("Events unavailable: replays are not announced", exc_info=True)
+        yield ReplayEvents(None)
+        return
+    try:
+        yield ReplayEvents(opened)
+    finally:
+        dispatcher.__exit__(None, None, None)

@@ -76,7 +76,7 @@ def park(
         due_at=now + max(0.0, due_in),
     ).replace(id=entry_id(request.id, replays, retries))
     try:
-        resilience.backout.park(entry)
+        resilience.backout_store.park(entry)
     except (StoreFull, StoreUnavailable) as trouble:
         # Never drop: the message goes back to the broker as a retry and comes back later.
         logger.error(

@@ -16,12 +16,15 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from .backout.api import Backout
+from .backout.entry import ParkedTask
 from .backout.redis import RedisBackoutStore
 from .backout.store import BackoutStore
 from .breaker.breaker import Admission, Breaker, RedisHealth, TransitionListener
 from .breaker.redis import RedisBreakerStore
 from .breaker.store import BreakerStore, Delivery
 from .config import ResilienceConfig
+from .drain import Drainer, DrainReport, replay
 
 _instances: weakref.WeakKeyDictionary[Any, Resilience] = weakref.WeakKeyDictionary()
 _instances_lock = threading.Lock()
@@ -43,7 +46,9 @@ def make_redis_client(config: ResilienceConfig) -> redis.Redis:
         socket_connect_timeout=config.redis_timeout,
         socket_timeout=config.redis_timeout,
         retry=Retry(NoBackoff(), 1),
-        health_check_interval=30,
+        # No health check: its PING has a retry of its own, which made a hanging Redis cost
+        # four timeouts per call instead of two; the retry above handles a stale connection.
+        health_check_interval=0,
     )
 
 
@@ -125,12 +130,36 @@ class Resilience:
         return self._breaker_store
 
     @property
-    def backout(self) -> BackoutStore:
+    def backout(self) -> Backout:
         """The back-out store: where tasks that can't run now are parked."""
+        return Backout(self.backout_store, self.replay)
+
+    @property
+    def backout_store(self) -> BackoutStore:
         if self._pid != os.getpid():
             self._connect()
         assert self._backout is not None
         return self._backout
+
+    # -- drain and replay -------------------------------------------------------------------
+    def drain(self, breaker: str | None = None, limit: int | None = None) -> DrainReport:
+        """Replay due entries of breakers that admit calls (all breakers unless one is named)."""
+        return Drainer(self).run(breaker, limit)
+
+    def replay(self, entry_id: str) -> ParkedTask:
+        """Publish one parked entry now, whatever its breaker says."""
+        return replay(self, entry_id)
+
+    def beat_schedule(self, every: float = 30.0) -> dict[str, Any]:
+        """The entry to put in ``app.conf.beat_schedule`` to drain every ``every`` seconds.
+
+        ``expires`` keeps drains from piling up in the queue while workers are busy.
+        """
+        return {
+            "task": "celery_resilience.drain",
+            "schedule": every,
+            "options": {"expires": every},
+        }
 
     # -- breakers ---------------------------------------------------------------------------
     def breaker(self, name: str) -> Breaker:

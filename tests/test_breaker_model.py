@@ -42,9 +42,7 @@ class Pinned:
 
     def record(self, permit: tuple[model.Kind, str], success: bool, deferred: int = 0) -> Change:
         kind, permit_id = permit
-        return model.record(
-            self.state, self.limits, self.now, kind, permit_id, success, deferred
-        )
+        return model.record(self.state, self.limits, self.now, kind, permit_id, success, deferred)
 
     def call(self, success: bool) -> Change:
         return self.record(self.permit(), success)

@@ -4,7 +4,7 @@ derived values (breaker defaults, Django namespace, max_countdown) come out as d
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from celery import Celery
@@ -232,7 +232,7 @@ def test_ignore_accepts_classes_and_dotted_paths() -> None:
 def test_settings_under_a_django_style_namespace_are_read() -> None:
     class DjangoSettings:
         CELERY_BROKER_URL = REDIS
-        CELERY_RESILIENCE_BREAKERS = {"payments": {"failure_threshold": 7}}
+        CELERY_RESILIENCE_BREAKERS: ClassVar = {"payments": {"failure_threshold": 7}}
         CELERY_RESILIENCE_ON_REDIS_ERROR = "fail_closed"
         CELERY_RESILIENCE_KEY_PREFIX = "shop"
 
@@ -248,7 +248,7 @@ def test_settings_under_a_django_style_namespace_are_read() -> None:
 def test_a_bad_setting_under_a_django_namespace_is_still_rejected() -> None:
     class DjangoSettings:
         CELERY_BROKER_URL = REDIS
-        CELERY_RESILIENCE_BREAKERS = {"payments": {"failure_threshold": 0}}
+        CELERY_RESILIENCE_BREAKERS: ClassVar = {"payments": {"failure_threshold": 0}}
 
     app = Celery("t", set_as_current=False)
     app.config_from_object(DjangoSettings, namespace="CELERY")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import builtins
 import threading
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from .entry import ParkedTask, encode, store_accept
@@ -29,6 +29,8 @@ class _Record:
     meta: Meta
     parked_at: float
     died_at: float | None = None
+    due_at: float = 0.0  # the ready set's score: due time, or lease end while in flight
+    lease_until: float | None = None
 
 
 class MemoryBackoutStore:
@@ -58,7 +60,9 @@ class MemoryBackoutStore:
             if len(self._records) >= self.max_entries:
                 raise StoreFull(self.max_entries, entry.id)
             died_at = self.clock() if entry.status == "dead" else None
-            self._records[entry.id] = _Record(data, Meta.of(entry), entry.parked_at, died_at)
+            self._records[entry.id] = _Record(
+                data, Meta.of(entry), entry.parked_at, died_at, due_at=entry.due_at
+            )
 
     def get(self, entry_id: str) -> ParkedTask | None:
         with self._lock:
@@ -131,6 +135,51 @@ class MemoryBackoutStore:
             for entry_id in doomed:
                 del self._records[entry_id]
         return len(doomed)
+
+    # -- the drain's side ----------------------------------------------------------------
+
+    def claim(
+        self, breaker: str, limit: int, lease: float, now: float | None = None
+    ) -> builtins.list[ParkedTask]:
+        now = self.clock() if now is None else now
+        with self._lock:
+            due = sorted(
+                (r.due_at, i)
+                for i, r in self._records.items()
+                if r.meta.breaker == breaker and r.meta.status == "parked" and r.due_at <= now
+            )[: max(0, limit)]
+            for _, entry_id in due:
+                record = self._records[entry_id]
+                record.due_at = record.lease_until = now + lease
+            return [self._read(i, self._records[i]) for _, i in due]
+
+    def ack(self, entry_ids: Sequence[str]) -> int:
+        with self._lock:
+            return sum(1 for i in entry_ids if self._records.pop(i, None) is not None)
+
+    def release(self, breaker: str, entry_ids: Sequence[str], due_at: float) -> int:
+        released = 0
+        with self._lock:
+            for entry_id in entry_ids:
+                record = self._records.get(entry_id)
+                if record is not None and record.lease_until is not None:
+                    record.due_at, record.lease_until = due_at, None
+                    released += 1
+        return released
+
+    def in_flight(self) -> int:
+        now = self.clock()
+        with self._lock:
+            return sum(1 for r in self._records.values() if (r.lease_until or 0) > now)
+
+    def due(self, breaker: str, now: float | None = None) -> int:
+        now = self.clock() if now is None else now
+        with self._lock:
+            return sum(
+                1
+                for r in self._records.values()
+                if r.meta.breaker == breaker and r.meta.status == "parked" and r.due_at <= now
+            )
 
     def _read(self, entry_id: str, record: _Record) -> ParkedTask:
         return read_entry(entry_id, record.data, record.meta, record.parked_at, self.accept)

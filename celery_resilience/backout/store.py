@@ -8,7 +8,7 @@ filtered, marked dead and deleted. Reads overlay the stored status on the decode
 from __future__ import annotations
 
 import builtins
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -81,6 +81,27 @@ class BackoutStore(Protocol):
 
     def expire_dead(self) -> int:
         """Remove entries dead for longer than ``dead_ttl`` (none when unset); the number."""
+
+    def claim(
+        self, breaker: str, limit: int, lease: float, now: float | None = None
+    ) -> builtins.list[ParkedTask]:
+        """Lease up to ``limit`` due entries of ``breaker`` to the caller (the drain).
+
+        Until acked or released they are not due; if the caller dies, they are due again when
+        the lease ends. Undecodable ones come back as placeholders (``dead_reason`` set).
+        """
+
+    def ack(self, entry_ids: Sequence[str]) -> int:
+        """Remove claimed entries once they were published; the number removed."""
+
+    def release(self, breaker: str, entry_ids: Sequence[str], due_at: float) -> int:
+        """Give claimed entries back, due again at ``due_at``; the number given back."""
+
+    def in_flight(self) -> int:
+        """Entries claimed and still under lease."""
+
+    def due(self, breaker: str, now: float | None = None) -> int:
+        """Entries of ``breaker`` that are due now."""
 
 
 @dataclass(frozen=True)

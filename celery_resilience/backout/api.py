@@ -1,0 +1,55 @@
+"""The back-out store as an app sees it (``Resilience.for_app(app).backout``).
+
+The store itself only keeps entries; replaying one needs the app to publish it, so this thin
+view adds ``replay`` and passes everything else through.
+"""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Callable
+
+from .entry import ParkedTask
+from .store import BackoutStore
+
+
+class Backout:
+    """Look at, replay and remove parked tasks."""
+
+    def __init__(self, store: BackoutStore, replay: Callable[[str], ParkedTask]) -> None:
+        self.store = store
+        self._replay = replay
+
+    def count(self, breaker: str | None = None, status: str | None = None) -> int:
+        """Entries (parked and dead unless ``status`` says which), of one breaker or all."""
+        return self.store.count(breaker, status)
+
+    def list(
+        self,
+        breaker: str | None = None,
+        status: str | None = None,
+        reason: str | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> builtins.list[ParkedTask]:
+        """Entries, newest first."""
+        return self.store.list(breaker, status, reason, limit, offset)
+
+    def get(self, entry_id: str) -> ParkedTask | None:
+        return self.store.get(entry_id)
+
+    def replay(self, entry_id: str) -> ParkedTask:
+        """Publish the entry now with its task id, whatever the breaker says; then remove it."""
+        return self._replay(entry_id)
+
+    def delete(self, entry_id: str) -> bool:
+        return self.store.delete(entry_id)
+
+    def purge(
+        self, breaker: str | None = None, status: str | None = None, reason: str | None = None
+    ) -> int:
+        """Remove every matching entry (all of them without filters); the number removed."""
+        return self.store.purge(breaker, status, reason)
+
+    def breakers(self) -> set[str]:
+        return self.store.breakers()

@@ -1,0 +1,265 @@
+"""Bringing parked work back: the drain (claim under a lease, publish, ack) and replay.
+
+At-least-once: an entry is removed only after its publish returned; a drainer that dies leaves
+its claimed entries to come due again when their lease ends (duplicates: at most one batch).
+One drainer at a time: a Redis lock with a token and an expiry, renewed every batch.
+Gating: a breaker that is open releases nothing, a half-open one no more than its free probe
+permits (the probes decide), a closed one at ``resilience_drain_rate`` tasks/s.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .backout.entry import ParkedTask
+from .backout.redis import RedisBackoutStore
+from .backout.store import NO_BREAKER, BackoutStore
+from .events import replay_dispatcher
+from .parking import REPLAYS_HEADER
+
+if TYPE_CHECKING:
+    from .resilience import Resilience
+
+logger = logging.getLogger("celery_resilience.drain")
+
+#: Seconds a claimed entry stays with the drainer before it is due again.
+DEFAULT_LEASE = 60.0
+#: When a publish fails, the entries it left are due again this much later (seconds).
+PUBLISH_RETRY_DELAY = 5.0
+_local_locks: dict[int, threading.Lock] = {}
+
+
+@dataclass
+class DrainReport:
+    """What one drain run did; ``skipped`` are due entries held back (breaker, rate, limit)."""
+
+    replayed: int = 0
+    skipped: int = 0
+    dead: int = 0
+    errors: int = 0
+    locked: bool = False  # another drain held the lock: this one did nothing
+    duration: float = 0.0
+    breakers: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class TokenBucket:
+    """``rate`` tokens per second, at most ``capacity`` saved up."""
+
+    def __init__(self, rate: float, capacity: float) -> None:
+        self.rate, self.capacity = rate, max(capacity, 1.0)
+        self.tokens = self.capacity
+        self._last = time.monotonic()
+
+    def take(self, n: int) -> None:
+        """Block until ``n`` tokens are there, then spend them."""
+        while True:
+            now = time.monotonic()
+            self.tokens = min(self.capacity, self.tokens + (now - self._last) * self.rate)
+            self._last = now
+            if self.tokens >= n or self.tokens >= self.capacity:
+                self.tokens -= n
+                return
+            time.sleep((min(n, self.capacity) - self.tokens) / self.rate)
+
+
+def publish(resilience: Resilience, entry: ParkedTask, producer: Any = None) -> None:
+    """Send ``entry`` again with its task id and options; ``KeyError`` if not registered."""
+    task = resilience.app.tasks[entry.task_name]
+    options = dict(entry.options)
+    headers = dict(options.pop("headers", None) or {})
+    headers[REPLAYS_HEADER] = entry.replays + 1
+    task.apply_async(
+        entry.args,
+        entry.kwargs,
+        task_id=entry.task_id,
+        headers=headers,
+        producer=producer,
+        **options,
+    )
+
+
+@contextmanager
+def drain_lock(resilience: Resilience, lease: float, wait: float = 0.0) -> Iterator[Any]:
+    """The one-drainer-at-a-time lock; yields ``None`` when someone else holds it."""
+    store = resilience.backout_store
+    if isinstance(store, RedisBackoutStore):
+        lock = store.client.lock(
+            f"{store.keys.tag}:drain-lock", timeout=lease, blocking=wait > 0, blocking_timeout=wait
+        )
+        if not lock.acquire():
+            yield None
+            return
+        try:
+            yield lock
+        finally:
+            try:
+                lock.release()
+            except Exception:  # expired meanwhile: someone else may hold it now; not ours to free
+                logger.warning("Drain lock expired before release")
+        return
+    local = _local_locks.setdefault(id(store), threading.Lock())
+    acquired = local.acquire(timeout=wait) if wait > 0 else local.acquire(blocking=False)
+    if not acquired:
+        yield None
+        return
+    try:
+        yield local
+    finally:
+        local.release()
+
+
+class Drainer:
+    """One drain run over the breakers asked for (all that have parked entries by default)."""
+
+    def __init__(self, resilience: Resilience, lease: float = DEFAULT_LEASE) -> None:
+        self.resilience = resilience
+        self.store: BackoutStore = resilience.backout_store
+        self.config = resilience.config
+        self.lease = lease
+        self.bucket = TokenBucket(self.config.drain_rate, self.config.drain_batch)
+
+    def run(self, breaker: str | None = None, limit: int | None = None) -> DrainReport:
+        started = time.monotonic()
+        report = DrainReport()
+        with drain_lock(self.resilience, self.lease) as lock:
+            if lock is None:
+                report.locked = True
+                logger.info("Drain skipped: another drain is running")
+                return report
+            names = [_internal(breaker)] if breaker is not None else sorted(self.store.breakers())
+            budget = limit
+            for name in names:
+                done = self._drain_breaker(name, budget, lock, report)
+                if budget is not None:
+                    budget -= done
+                    if budget <= 0:
+                        break
+            self.store.expire_dead()
+        report.duration = time.monotonic() - started
+        if report.replayed or report.dead or report.errors:
+            logger.warning(
+                "Drain: replayed=%d dead=%d skipped=%d errors=%d in %.2fs",
+                report.replayed,
+                report.dead,
+                report.skipped,
+                report.errors,
+                report.duration,
+            )
+        return report
+
+    def _allowance(self, name: str) -> int | None:
+        """How many entries the breaker lets through now: ``None`` = no gate, 0 = none."""
+        if name == NO_BREAKER:
+            return None
+        breaker = self.resilience.breaker(name)
+        snap = breaker.snapshot()
+        state = snap["state"]
+        if state in ("closed", "forced_closed"):
+            return None
+        if state == "half_open":
+            return max(0, breaker.config.half_open_max_calls - int(snap["probes_in_flight"]))
+        return 0
+
+    def _drain_breaker(self, name: str, limit: int | None, lock: Any, report: DrainReport) -> int:
+        stats = report.breakers.setdefault(name, {"replayed": 0, "dead": 0, "skipped": 0})
+        released = 0
+        probes_only = False
+        while limit is None or released < limit:
+            allowance = self._allowance(name)
+            if allowance == 0 or (probes_only and allowance is not None):
+                break  # open, or half-open probes already sent: the probes decide
+            probes_only = allowance is not None
+            want = self.config.drain_batch
+            for cap in (allowance, None if limit is None else limit - released):
+                if cap is not None:
+                    want = min(want, cap)
+            claimed = self.store.claim(name, want, self.lease)
+            if not claimed:
+                break
+            self.bucket.take(len(claimed))  # paces publishing; waits only for real work
+            published, dead = self._publish_batch(name, claimed, report)
+            released += published
+            stats["replayed"] += published
+            stats["dead"] += dead
+            if published + dead < len(claimed):
+                break  # the broker refused: stop this breaker, the rest is given back
+            if hasattr(lock, "reacquire"):
+                lock.reacquire()  # renew the lock's expiry for the next batch
+        stats["skipped"] = self.store.due(name)
+        report.skipped += stats["skipped"]
+        return released
+
+    def _publish_batch(
+        self, name: str, claimed: list[ParkedTask], report: DrainReport
+    ) -> tuple[int, int]:
+        published: list[str] = []
+        dead = 0
+        with (
+            self.resilience.app.producer_or_acquire() as producer,
+            replay_dispatcher(self.resilience.app) as events,
+        ):
+            for index, entry in enumerate(claimed):
+                reason = self._dead_reason(entry)
+                if reason is not None:
+                    self.store.mark_dead(entry.id, reason)
+                    logger.error("Entry %s (%s) is dead: %s", entry.id, entry.task_name, reason)
+                    dead += 1
+                    continue
+                try:
+                    publish(self.resilience, entry, producer)
+                except Exception:
+                    logger.exception("Publishing %s[%s] failed", entry.task_name, entry.task_id)
+                    report.errors += 1
+                    rest = [e.id for e in claimed[index:]]
+                    self.store.ack(published)
+                    self.store.release(name, rest, self.resilience.now() + PUBLISH_RETRY_DELAY)
+                    report.replayed += len(published)
+                    report.dead += dead
+                    return len(published), dead
+                published.append(entry.id)
+                events.replayed(entry)
+        self.store.ack(published)
+        report.replayed += len(published)
+        report.dead += dead
+        return len(published), dead
+
+    def _dead_reason(self, entry: ParkedTask) -> str | None:
+        if entry.dead_reason == "undecodable":
+            return "undecodable"
+        if entry.task_name not in self.resilience.app.tasks:
+            return "unregistered"
+        if entry.replays >= self.config.max_replays:
+            return "max_replays"
+        return None
+
+
+def replay(resilience: Resilience, entry_id: str) -> ParkedTask:
+    """Publish one entry now, whatever its breaker says (a person asked), then remove it."""
+    store = resilience.backout_store
+    with drain_lock(resilience, DEFAULT_LEASE, wait=10.0) as lock:
+        if lock is None:
+            raise TimeoutError("a drain holds the lock; try again in a moment")
+        entry = store.get(entry_id)
+        if entry is None:
+            raise KeyError(entry_id)
+        if entry.dead_reason == "undecodable":
+            raise ValueError(f"entry {entry_id} can't be decoded: {entry.exc_message}")
+        publish(resilience, entry)
+        with replay_dispatcher(resilience.app) as events:
+            events.replayed(entry)
+        store.delete(entry_id)
+    logger.warning("Replayed %s[%s] (entry %s)", entry.task_name, entry.task_id, entry_id)
+    return entry
+
+
+def _internal(breaker: str) -> str:
+    return NO_BREAKER if breaker in ("", "-", "none") else breaker

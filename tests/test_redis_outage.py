@@ -1,0 +1,250 @@
+"""A breaker whose Redis is gone follows ``resilience_on_redis_error``, decides within the
+Redis timeout, logs the outage once, and works again once Redis is back."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from celery_resilience import BreakerOpen, Resilience
+from celery_resilience.breaker import Breaker
+from tests.redis_server import RedisServer, free_port
+
+TIMEOUT = 0.2  # resilience_redis_timeout
+DECIDES_WITHIN = 1.0  # seconds: a generous bound on "about two timeouts"
+LOGGER = "celery_resilience.breaker"
+
+
+class Boom(Exception):
+    pass
+
+
+def boom() -> None:
+    raise Boom("dependency down")
+
+
+MakeBreaker = Callable[[str, str], Breaker]
+
+
+@pytest.fixture
+def make_breaker() -> Iterator[MakeBreaker]:
+    made: list[Resilience] = []
+
+    def make(url: str, policy: str) -> Breaker:
+        app = Celery("t", broker=url, set_as_current=False)
+        app.conf.resilience_redis_url = url
+        app.conf.resilience_key_prefix = "outage-test"
+        app.conf.resilience_redis_timeout = TIMEOUT
+        app.conf.resilience_on_redis_error = policy
+        app.conf.resilience_breakers = {"dep": {"failure_threshold": 2, "open_timeout": 30.0}}
+        resilience = Resilience(app)
+        made.append(resilience)
+        return resilience.breaker("dep")
+
+    yield make
+    for resilience in made:
+        if resilience._client is not None:
+            resilience._client.close()
+
+
+@pytest.fixture
+def closed_port_url() -> str:
+    """Nothing listens there: connections are refused."""
+    return f"redis://127.0.0.1:{free_port()}/0"
+
+
+@pytest.fixture
+def hanging_url() -> Iterator[str]:
+    """A port that accepts TCP connections (the kernel's backlog) but never answers."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(128)
+        yield f"redis://127.0.0.1:{sock.getsockname()[1]}/0"
+
+
+@dataclass(frozen=True)
+class Unreachable:
+    url: str
+    calls: int  # a hanging Redis costs two timeouts per call: fewer calls keep the test fast
+
+
+@pytest.fixture(params=["refused", "hanging"])
+def unreachable(request: pytest.FixtureRequest) -> Unreachable:
+    if request.param == "refused":
+        return Unreachable(request.getfixturevalue("closed_port_url"), 20)
+    return Unreachable(request.getfixturevalue("hanging_url"), 3)
+
+
+def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
+    started = time.monotonic()
+    try:
+        result: Any = fn()
+    except Exception as exc:
+        result = exc
+    return result, time.monotonic() - started
+
+
+def outage_logs(caplog: pytest.LogCaptureFixture) -> tuple[int, int]:
+    """(errors saying Redis is unreachable, warnings saying it is reachable again)."""
+    records = [r for r in caplog.records if r.name == LOGGER]
+    down = [r for r in records if r.levelno == logging.ERROR and "unreachable" in r.msg]
+    up = [r for r in records if r.levelno == logging.WARNING and "reachable again" in r.msg]
+    return len(down), len(up)
+
+
+# -- (a) nothing answers -------------------------------------------------------------------------
+def test_fail_open_runs_the_call_and_logs_the_outage_once(
+    make_breaker, unreachable: Unreachable, caplog
+) -> None:
+    caplog.set_level(logging.WARNING, logger=LOGGER)
+    breaker = make_breaker(unreachable.url, "fail_open")
+    ran: list[int] = []
+    for n in range(unreachable.calls):
+        result, elapsed = timed(lambda n=n: breaker.call(lambda: ran.append(n) or n))
+        assert result == n
+        assert elapsed < DECIDES_WITHIN
+    assert ran == list(range(unreachable.calls))
+    assert outage_logs(caplog) == (1, 0)
+
+
+def test_fail_open_lets_the_calls_own_exception_through(make_breaker, closed_port_url) -> None:
+    breaker = make_breaker(closed_port_url, "fail_open")
+    with pytest.raises(Boom):
+        breaker.call(boom)
+    permit = breaker.acquire()  # an unrecorded permit: reporting it does nothing and never raises
+    permit.failure()
+    permit.success()
+
+
+def test_fail_closed_rejects_as_unavailable_and_logs_the_outage_once(
+    make_breaker, unreachable: Unreachable, caplog
+) -> None:
+    caplog.set_level(logging.WARNING, logger=LOGGER)
+    breaker = make_breaker(unreachable.url, "fail_closed")
+    ran: list[int] = []
+    for _ in range(unreachable.calls):
+        result, elapsed = timed(lambda: breaker.call(ran.append, 1))
+        assert isinstance(result, BreakerOpen)
+        assert (result.breaker, result.state, result.retry_after) == ("dep", "unavailable", None)
+        assert elapsed < DECIDES_WITHIN
+    assert ran == []
+    assert outage_logs(caplog) == (1, 0)
+
+
+@pytest.mark.parametrize("policy", ["fail_open", "fail_closed"])
+def test_a_hanging_redis_costs_about_two_timeouts_per_call(
+    make_breaker, hanging_url: str, policy: str
+) -> None:
+    breaker = make_breaker(hanging_url, policy)
+    for _ in range(2):
+        _, elapsed = timed(lambda: breaker.call(lambda: None))
+        # One try and one retry, each cut off by resilience_redis_timeout.
+        assert 2 * TIMEOUT * 0.9 < elapsed < 3 * TIMEOUT
+
+
+# -- (b) a real Redis that stops and comes back ---------------------------------------------------
+@pytest.fixture
+def server() -> Iterator[RedisServer]:
+    with RedisServer() as running:
+        yield running
+
+
+def assert_follows_policy(breaker: Breaker, policy: str) -> None:
+    ran: list[int] = []
+    for _ in range(5):
+        result, elapsed = timed(lambda: breaker.call(lambda: ran.append(1) or "ran"))
+        assert elapsed < DECIDES_WITHIN
+        if policy == "fail_open":
+            assert result == "ran"
+        else:
+            assert isinstance(result, BreakerOpen)
+            assert result.state == "unavailable"
+    assert len(ran) == (5 if policy == "fail_open" else 0)
+
+
+@pytest.mark.parametrize("policy", ["fail_open", "fail_closed"])
+def test_a_stopped_redis_follows_the_policy_and_a_restarted_one_is_used_again(
+    make_breaker, server, caplog, policy: str
+) -> None:
+    caplog.set_level(logging.WARNING, logger=LOGGER)
+    breaker = make_breaker(server.url, policy)
+    assert breaker.call(lambda: "up") == "up"
+    with pytest.raises(Boom):
+        breaker.call(boom)
+    assert breaker.snapshot()["consecutive_failures"] == 1
+
+    server.stop()
+    assert_follows_policy(breaker, policy)
+    assert outage_logs(caplog) == (1, 0)
+
+    server.start()  # same port, empty (no persistence): a fresh closed breaker
+    assert breaker.call(lambda: "back") == "back"
+    assert breaker.call(lambda: "again") == "again"
+    assert outage_logs(caplog) == (1, 1)
+    # Shared state works again through the same Resilience: two failures trip the breaker.
+    for _ in range(2):
+        with pytest.raises(Boom):
+            breaker.call(boom)
+    assert breaker.state == "open"
+    with pytest.raises(BreakerOpen) as info:
+        breaker.call(lambda: None)
+    assert info.value.state == "open"
+    assert outage_logs(caplog) == (1, 1)
+
+
+def test_a_permit_taken_before_redis_stopped_reports_without_raising(
+    make_breaker, server, caplog
+) -> None:
+    caplog.set_level(logging.WARNING, logger=LOGGER)
+    breaker = make_breaker(server.url, "fail_open")
+    permit = breaker.acquire()
+    server.stop()
+    _, elapsed = timed(permit.failure)
+    assert elapsed < DECIDES_WITHIN
+    assert outage_logs(caplog) == (1, 0)
+
+
+def test_a_killed_redis_is_an_outage_too(make_breaker, server) -> None:
+    breaker = make_breaker(server.url, "fail_closed")
+    assert breaker.call(lambda: 1) == 1
+    server.kill()
+    with pytest.raises(BreakerOpen, match="unavailable"):
+        breaker.call(lambda: 1)
+    server.start()
+    assert breaker.call(lambda: 2) == 2
+
+
+# -- the helper itself ----------------------------------------------------------------------------
+def test_redis_server_with_appendonly_keeps_data_across_a_kill(tmp_path) -> None:
+    with RedisServer(appendonly=True) as server:
+        client = server.client()
+        client.set("k", "v")
+        client.close()
+        server.kill()
+        assert not server.running
+        server.start()
+        client = server.client()
+        assert client.get("k") == b"v"
+        assert client.config_get("appendfsync") == {"appendfsync": "always"}
+        client.close()
+
+
+def test_redis_server_without_appendonly_starts_empty_after_a_stop() -> None:
+    with RedisServer() as server:
+        port = server.port
+        client = server.client()
+        client.set("k", "v")
+        client.close()
+        server.stop()
+        server.start()
+        assert server.port == port
+        client = server.client()
+        assert client.get("k") is None
+        client.close()
