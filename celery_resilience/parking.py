@@ -8,6 +8,7 @@ derived from (task id, replays, retries), so a redelivered message parks onto th
 from __future__ import annotations
 
 import logging
+import sys
 import uuid
 from typing import TYPE_CHECKING, Any
 
@@ -87,9 +88,16 @@ def park(
             trouble,
             STORE_TROUBLE_COUNTDOWN,
         )
-        raise task.retry(
-            exc=trouble, countdown=STORE_TROUBLE_COUNTDOWN, max_retries=None
-        ) from trouble
+        # ``max_retries=None`` would mean the task's own limit, already spent by a task parked
+        # on its last retry: Celery would fail it at once. A worker keeps retrying for as long
+        # as the store refuses; an eager call (no broker to wait in) fails loudly at the limit.
+        limit = None if request.is_eager else sys.maxsize
+        try:
+            raise task.retry(
+                exc=trouble, countdown=STORE_TROUBLE_COUNTDOWN, max_retries=limit
+            ) from trouble
+        finally:
+            vars(task).pop("override_max_retries", None)  # set by retry() on the shared task
     logger.warning(
         "Parked %s[%s] reason=%s breaker=%s entry=%s%s",
         task.name,

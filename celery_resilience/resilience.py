@@ -39,13 +39,14 @@ def make_redis_client(config: ResilienceConfig) -> redis.Redis:
     """A client that gives up within ``resilience_redis_timeout`` instead of redis-py's seconds.
 
     One retry without backoff lets a pooled connection that Redis closed (a restart) reconnect
-    at once; a Redis that is really gone fails after two short timeouts.
+    at once. Timeouts are not retried: a script that timed out may still run, and sending it
+    again would apply it twice (a failure counted double).
     """
     return redis.Redis.from_url(
         config.redis_url,
         socket_connect_timeout=config.redis_timeout,
         socket_timeout=config.redis_timeout,
-        retry=Retry(NoBackoff(), 1),
+        retry=Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,)),
         # No health check: its PING has a retry of its own, which made a hanging Redis cost
         # four timeouts per call instead of two; the retry above handles a stale connection.
         health_check_interval=0,

@@ -88,7 +88,7 @@ class ResilientTask(Task):  # type: ignore[misc]
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         request = self.request
         if request.called_directly:  # a plain function call, outside any worker: just run it
-            return self.run(*args, **kwargs)
+            return super().__call__(*args, **kwargs)  # Celery's: pushes request and task stack
         admission = self._admit(request)
         if admission.skip == "done":
             logger.info("Task %s[%s] already succeeded: skipped", self.name, request.id)

@@ -1,0 +1,328 @@
+"""Throughput of a no-op task: plain Celery, ``ResilientTask``, and a pybreaker peer.
+
+    python benchmarks/throughput.py [--tasks N] [--warmup W] [--broker-url URL] [--redis-url URL]
+
+For each pool (solo, then prefork -c 2) and each variant (plain ``@app.task``; ``ResilientTask``
+with a closed breaker; a plain task calling through ``pybreaker.CircuitBreaker`` with
+``CircuitRedisStorage``), all on the same broker in this one run:
+
+1. publish W + N numbered messages to the run's own queue while no worker runs (timed apart);
+2. start a real ``celery -A benchmarks.benchapp worker`` subprocess on that queue;
+3. wait until the worker processes report all W + N tasks done (see ``benchapp``: counters in
+   memory, written with one HSET every 500 tasks per process and on each of the last 64);
+4. throughput = N / (end of the last timed task - start of the first timed task), where the
+   first W messages are the warm-up; ``INFO commandstats`` of the resilience Redis is read
+   before the worker starts and after the last task, for Redis commands per task.
+
+The run uses its own queue and key prefix and deletes only the keys that carry its run id.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis
+
+ROOT = Path(__file__).resolve().parent.parent
+POOLS = ("solo", "prefork")
+VARIANTS = {
+    "plain": "bench.plain",
+    "resilient": "bench.resilient",
+    "pybreaker": "bench.pybreaker",
+}
+LABELS = {
+    "plain": "(a) plain @app.task",
+    "resilient": "(b) ResilientTask",
+    "pybreaker": "(c) pybreaker+Redis",
+}
+POLL_INTERVAL = 0.02
+STALL_TIMEOUT = 30.0  # seconds without progress before a worker is judged stuck
+START_TIMEOUT = 60.0
+
+
+@dataclass
+class Cell:
+    variant: str
+    pool: str
+    total: int
+    publish_seconds: float = 0.0
+    window: float = 0.0
+    timed: int = 0
+    processes: int = 0
+    commands: Counter[str] = field(default_factory=Counter)
+    breaker: dict[str, Any] | None = None
+    note: str = ""
+
+    @property
+    def rate(self) -> float:
+        return self.timed / self.window if self.window > 0 else 0.0
+
+    def per_task(self) -> dict[str, float]:
+        return {name: calls / self.total for name, calls in self.commands.items()}
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.n = args.tasks
+        self.warmup = args.warmup
+        self.total = self.n + self.warmup
+        self.broker_url = args.broker_url
+        self.redis_url = args.redis_url or args.broker_url
+        self.run_id = uuid.uuid4().hex[:12]
+        self.queue = f"bench-throughput-{self.run_id}"
+        self.prefix = f"bench-{self.run_id}"
+        self.broker = redis.Redis.from_url(self.broker_url)
+        self.store = redis.Redis.from_url(self.redis_url)
+        self.same_server = (
+            self.broker.info("server")["run_id"] == self.store.info("server")["run_id"]
+        )
+        self.base_env = {
+            **os.environ,
+            "BENCH_BROKER_URL": self.broker_url,
+            "BENCH_REDIS_URL": self.redis_url,
+            "BENCH_QUEUE": self.queue,
+            "BENCH_PREFIX": self.prefix,
+            "BENCH_WARMUP": str(self.warmup),
+            "BENCH_TOTAL": str(self.total),
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        }
+        os.environ.update({k: v for k, v in self.base_env.items() if k.startswith("BENCH_")})
+        sys.path.insert(0, str(ROOT))
+        self.benchapp = importlib.import_module("benchmarks.benchapp")
+        self.own = Counter[str]()  # commands this script sends to the measured Redis
+
+    # -- one cell ---------------------------------------------------------------------------
+    def run(self, variant: str, pool: str) -> Cell:
+        cell = Cell(variant, pool, self.total)
+        stats_key = f"{self.prefix}:stats:{variant}:{pool}"
+        cell.publish_seconds = self.publish(VARIANTS[variant])
+        queued = self.broker.llen(self.queue)
+        if queued != self.total:
+            raise RuntimeError(f"{queued} messages in {self.queue} after publishing {self.total}")
+
+        before = self.commandstats()
+        own_before = self.own.copy()
+        log = tempfile.NamedTemporaryFile(prefix=f"bench-{variant}-{pool}-", suffix=".log")
+        worker = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "benchmarks.benchapp",
+                "worker",
+                "-P",
+                pool,
+                "-c",
+                "2",
+                "-Q",
+                self.queue,
+                "-n",
+                f"{self.prefix}-{variant}-{pool}@%h",
+                "--without-heartbeat",
+                "--without-gossip",
+                "--without-mingle",
+                "-l",
+                "warning",
+            ],  # fmt: skip
+            cwd=ROOT,
+            env={**self.base_env, "BENCH_STATS_KEY": stats_key},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            records = self.wait(worker, stats_key, log.name)
+            after = self.commandstats()
+        finally:
+            self.stop(worker)
+        if sum(r[0] for r in records) < self.total:  # a process not among the last writers
+            records = self.read_records(stats_key)
+        log.close()
+
+        done = sum(r[0] for r in records)
+        if done != self.total:
+            cell.note = f"worker reported {done} tasks, expected {self.total}"
+        timed = [r for r in records if r[1]]
+        cell.timed = sum(r[1] for r in timed)
+        cell.processes = len(records)
+        cell.window = max(r[3] for r in timed) - min(r[2] for r in timed)
+        own = self.own - own_before
+        cell.commands = Counter(
+            {k: v - before.get(k, 0) - own.get(k, 0) for k, v in after.items() if k != "info"}
+        )
+        if variant == "resilient":
+            resilience = importlib.import_module("celery_resilience").Resilience
+            cell.breaker = dict(resilience.for_app(self.benchapp.app).breaker("bench").snapshot())
+        return cell
+
+    def publish(self, task_name: str) -> float:
+        task = self.benchapp.app.tasks[task_name]
+        started = time.perf_counter()
+        with self.benchapp.app.producer_or_acquire() as producer:
+            for i in range(self.total):
+                task.apply_async((i,), producer=producer)
+        return time.perf_counter() - started
+
+    def commandstats(self) -> dict[str, int]:
+        stats = self.store.info("commandstats")
+        return {name.removeprefix("cmdstat_"): int(s["calls"]) for name, s in stats.items()}
+
+    def read_records(self, stats_key: str) -> list[tuple[int, int, float, float]]:
+        raw: dict[bytes, bytes] = self.broker.hgetall(stats_key)  # type: ignore[assignment]
+        if self.same_server:
+            self.own["hgetall"] += 1
+        records = []
+        for value in raw.values():
+            count, timed, first, last = value.split()
+            records.append((int(count), int(timed), float(first), float(last)))
+        return records
+
+    def wait(
+        self, worker: subprocess.Popen[bytes], stats_key: str, log: str
+    ) -> list[tuple[int, int, float, float]]:
+        """Poll the records (one HGETALL each 20 ms) until all tasks are reported done."""
+        progress, changed = -1, time.monotonic()
+        timeout = START_TIMEOUT
+        while True:
+            records = self.read_records(stats_key)
+            done = sum(r[0] for r in records)
+            if done >= self.total:
+                return records
+            if worker.poll() is not None:
+                raise RuntimeError(f"worker exited ({worker.returncode}); log:\n{_tail(log)}")
+            if done != progress:
+                progress, changed = done, time.monotonic()
+                if done:
+                    timeout = STALL_TIMEOUT
+            elif time.monotonic() - changed > timeout:
+                if self.same_server:
+                    self.own["llen"] += 1
+                if done and self.broker.llen(self.queue) == 0:
+                    return records  # the rest is reported at shutdown
+                raise RuntimeError(f"no progress for {timeout:.0f}s; log:\n{_tail(log)}")
+            time.sleep(POLL_INTERVAL)
+
+    def stop(self, worker: subprocess.Popen[bytes]) -> None:
+        """Warm shutdown (SIGTERM): children flush and report; SIGKILL to its group if stuck."""
+        if worker.poll() is None:
+            worker.send_signal(signal.SIGTERM)
+            try:
+                worker.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(worker.pid, signal.SIGKILL)  # the worker's own session (its children)
+                worker.wait()
+
+    # -- cleanup: only keys carrying this run's id --------------------------------------------
+    def cleanup(self) -> int:
+        deleted = 0
+        clients = [self.broker] if self.broker_url == self.redis_url else [self.broker, self.store]
+        for client in clients:
+            keys = list(client.scan_iter(match=f"*{self.run_id}*", count=1000))
+            for start in range(0, len(keys), 500):
+                deleted += int(client.delete(*keys[start : start + 500]))  # type: ignore[arg-type]
+        return deleted
+
+
+def _tail(path: str, lines: int = 30) -> str:
+    return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
+
+
+def _breakdown(per_task: dict[str, float]) -> str:
+    items = sorted(per_task.items(), key=lambda kv: (-abs(kv[1]), kv[0]))
+    return ", ".join(f"{name} {value:+.2f}" for name, value in items if abs(value) >= 0.005)
+
+
+def report(bench: Bench, cells: dict[tuple[str, str], Cell]) -> None:
+    print()
+    print(f"{'pool':<9}{'variant':<22}{'tasks/s':>9}{'vs plain':>10}{'window s':>10}  procs")
+    for pool in POOLS:
+        plain = cells[("plain", pool)].rate
+        for variant in VARIANTS:
+            cell = cells[(variant, pool)]
+            ratio = cell.rate / plain if plain else 0.0
+            print(
+                f"{pool:<9}{LABELS[variant]:<22}{cell.rate:>9.0f}{ratio:>10.2f}"
+                f"{cell.window:>10.2f}  {cell.processes}"
+                + (f"  !! {cell.note}" if cell.note else "")
+            )
+    print()
+    where = "same Redis as the broker" if bench.same_server else "a Redis apart from the broker"
+    print(
+        "Redis commands per task on the resilience Redis "
+        f"({where}; INFO commandstats delta over each worker's run, warm-up included, "
+        "this script's own commands excluded; commands run inside Lua count too):"
+    )
+    for pool in POOLS:
+        base = cells[("plain", pool)].per_task()
+        print(f"  {pool:<8}(a) plain, absolute    {sum(base.values()):6.2f}  ({_breakdown(base)})")
+        for variant in ("resilient", "pybreaker"):
+            own = cells[(variant, pool)].per_task()
+            extra = {k: own.get(k, 0.0) - base.get(k, 0.0) for k in set(own) | set(base)}
+            label = f"{LABELS[variant][:3]} {variant} - plain"
+            print(f"  {pool:<8}{label:<22}{sum(extra.values()):+7.2f}  ({_breakdown(extra)})")
+    print(
+        "  (network round trips: (b) sends one EVALSHA per task, TIME/HGETALL/HSET... run "
+        "inside it; (c) every command listed is its own round trip)"
+    )
+    for pool in POOLS:
+        snap = cells[("resilient", pool)].breaker or {}
+        print(
+            f"breaker 'bench' after {pool}: state {snap.get('state')}, calls_total "
+            f"{snap.get('calls_total')} (tasks run so far: {bench.total * (POOLS.index(pool) + 1)})"
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tasks", type=int, default=5000, help="timed tasks per cell")
+    parser.add_argument("--warmup", type=int, default=300, help="untimed tasks run first")
+    parser.add_argument("--broker-url", default="redis://127.0.0.1:6379/13")
+    parser.add_argument("--redis-url", default=None, help="resilience Redis (default: broker)")
+    args = parser.parse_args(argv)
+
+    bench = Bench(args)
+    print(
+        f"celery_resilience throughput: {bench.n} timed no-op tasks (+{bench.warmup} warm-up) "
+        f"per cell; broker {bench.broker_url}, queue {bench.queue}, resilience Redis "
+        f"{bench.redis_url}, key prefix {bench.prefix}"
+    )
+    print(
+        "timing: task_prerun/task_postrun handlers (same for every variant) count in memory in "
+        "each worker process; one HSET per process every 500 tasks and on each of the last 64 "
+        "messages; window = start of the first timed task -> end of the last one (wall clock); "
+        "task_ignore_result, no result backend"
+    )
+    cells: dict[tuple[str, str], Cell] = {}
+    started = time.monotonic()
+    try:
+        for pool in POOLS:
+            for variant in VARIANTS:
+                cell = cells[(variant, pool)] = bench.run(variant, pool)
+                print(
+                    f"  {pool:<8}{variant:<10} published {bench.total} in "
+                    f"{cell.publish_seconds:.2f}s ({bench.total / cell.publish_seconds:.0f}/s, "
+                    f"apply_async loop, one producer); ran at {cell.rate:.0f} tasks/s",
+                    flush=True,
+                )
+    finally:
+        deleted = bench.cleanup()
+    report(bench, cells)
+    print(f"total {time.monotonic() - started:.0f}s; deleted {deleted} keys of run {bench.run_id}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

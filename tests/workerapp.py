@@ -1,0 +1,170 @@
+"""The Celery app that ``celery worker`` subprocesses of the integration tests load.
+
+Everything comes from ``WORKERAPP_*`` environment variables, so each test gets a world of its
+own: a key prefix (breaker, back-out store, the fake dependency, result keys and, on a Redis
+broker, the broker's own keys through kombu's ``global_keyprefix``) and a queue nobody else
+consumes. The test process builds the same app with :func:`make_app` from the same mapping.
+
+The "dependency" is a few Redis keys under the prefix: ``<P>:dep:up`` ("1" up, anything else
+down), ``<P>:dep:latency`` (seconds each call takes), ``<P>:dep:calls`` (INCR per call) and
+``<P>:dep:log`` (one JSON record per call: task id, retries, Redis ``TIME``, pid).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import urlparse
+
+import redis
+from celery import Celery
+
+from celery_resilience import ResilientTask
+from celery_resilience.backoff import Exponential
+
+DEFAULT_REDIS = "redis://127.0.0.1:6379/15"
+
+#: Redis clients of this process, made again after a fork (a prefork child must not share one).
+_clients: dict[tuple[int, str], redis.Redis] = {}
+
+
+def settings(env: Mapping[str, str]) -> dict[str, Any]:
+    """The ``WORKERAPP_*`` variables, parsed, with their defaults."""
+    prefix = env.get("WORKERAPP_PREFIX", "workerapp")
+    jitter = env.get("WORKERAPP_JITTER", "full")
+    max_countdown = env.get("WORKERAPP_MAX_COUNTDOWN")
+    return {
+        "broker": env.get("WORKERAPP_BROKER", DEFAULT_REDIS),
+        "redis": env.get("WORKERAPP_REDIS", DEFAULT_REDIS),
+        "prefix": prefix,
+        "queue": env.get("WORKERAPP_QUEUE", f"{prefix}-queue"),
+        "failure_threshold": int(env.get("WORKERAPP_FAILURE_THRESHOLD", "3")),
+        "open_timeout": float(env.get("WORKERAPP_OPEN_TIMEOUT", "30")),
+        "max_countdown": None if max_countdown is None else float(max_countdown),
+        "max_retries": int(env.get("WORKERAPP_MAX_RETRIES", "4")),
+        "backoff_base": float(env.get("WORKERAPP_BACKOFF_BASE", "0.2")),
+        "backoff_cap": float(env.get("WORKERAPP_BACKOFF_CAP", "5")),
+        "jitter": None if jitter == "none" else jitter,
+        "visibility_timeout": float(env.get("WORKERAPP_VISIBILITY_TIMEOUT", "3600")),
+        "prefetch_multiplier": int(env.get("WORKERAPP_PREFETCH_MULTIPLIER", "4")),
+    }
+
+
+def is_redis_url(url: str) -> bool:
+    return urlparse(url).scheme in ("redis", "rediss", "unix")
+
+
+def broker_keyprefix(prefix: str) -> str:
+    """Where the Redis broker keeps its keys (queues, ``unacked``) for this prefix."""
+    return f"{prefix}:broker:"
+
+
+def make_app(env: Mapping[str, str]) -> Celery:
+    """The app of one test world, configured from ``env`` (``os.environ`` in a worker)."""
+    s = settings(env)
+    prefix = s["prefix"]
+    app = Celery(f"workerapp-{prefix}", set_as_current=False)
+    transport_options: dict[str, Any] = {"visibility_timeout": s["visibility_timeout"]}
+    if is_redis_url(s["broker"]):
+        transport_options["global_keyprefix"] = broker_keyprefix(prefix)
+    app.conf.update(
+        broker_url=s["broker"],
+        broker_connection_retry_on_startup=True,
+        broker_transport_options=transport_options,
+        result_backend=s["redis"],
+        result_backend_transport_options={"global_keyprefix": f"{prefix}:"},
+        task_default_queue=s["queue"],
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=s["prefetch_multiplier"],
+        # No pidbox: remote control would broadcast to every test's workers on a shared broker.
+        worker_enable_remote_control=False,
+        resilience_redis_url=s["redis"],
+        resilience_key_prefix=prefix,
+        resilience_breakers={
+            "dep": {"failure_threshold": s["failure_threshold"], "open_timeout": s["open_timeout"]}
+        },
+    )
+    if s["max_countdown"] is not None:
+        app.conf.resilience_max_countdown = s["max_countdown"]
+    define_tasks(app, s)
+    return app
+
+
+def client(url: str) -> redis.Redis:
+    key = (os.getpid(), url)
+    found = _clients.get(key)
+    if found is None:
+        found = _clients[key] = redis.Redis.from_url(url)
+    return found
+
+
+def redis_now(r: redis.Redis) -> float:
+    seconds, micros = r.time()
+    return float(seconds) + micros / 1_000_000
+
+
+def call_dependency(r: redis.Redis, prefix: str, task: Any, order_id: str) -> None:
+    """The fake dependency: every call is counted and logged; down means ``ConnectionError``."""
+    now = redis_now(r)
+    record = {
+        "task_id": task.request.id,
+        "retries": task.request.retries or 0,
+        "time": now,
+        "pid": os.getpid(),
+    }
+    pipe = r.pipeline()
+    pipe.incr(f"{prefix}:dep:calls")
+    pipe.rpush(f"{prefix}:dep:log", json.dumps(record))
+    pipe.get(f"{prefix}:dep:up")
+    pipe.get(f"{prefix}:dep:latency")
+    _, _, up, latency = pipe.execute()
+    if latency:
+        time.sleep(float(latency))
+    if up != b"1":
+        raise ConnectionError(f"dependency down (order {order_id})")
+
+
+def define_tasks(app: Celery, s: Mapping[str, Any]) -> None:
+    prefix, url = s["prefix"], s["redis"]
+    succeeded = f"{prefix}:ledger:succeeded"
+    resilient = {
+        "base": ResilientTask,
+        "bind": True,
+        "shared": False,  # stay out of other apps made in the same test process
+        "acks_late": True,
+        "reject_on_worker_lost": True,
+    }
+
+    @app.task(
+        name="workerapp.charge",
+        breaker="dep",
+        retry_on=(ConnectionError,),
+        max_retries=s["max_retries"],
+        backoff=Exponential(base=s["backoff_base"], cap=s["backoff_cap"], jitter=s["jitter"]),
+        **resilient,
+    )
+    def charge(self: Any, order_id: str, amount: int = 1) -> dict[str, Any]:
+        r = client(url)
+        call_dependency(r, prefix, self, order_id)
+        r.sadd(succeeded, self.request.id)
+        return {"order_id": order_id, "amount": amount}
+
+    @app.task(name="workerapp.crash", breaker="dep", retry_on=(ConnectionError,), **resilient)
+    def crash(self: Any, order_id: str) -> None:
+        raise ValueError(f"bad input: order {order_id!r} does not exist")
+
+    @app.task(name="workerapp.slow", **resilient)
+    def slow(self: Any, order_id: str, seconds: float) -> str:
+        r = client(url)
+        start = {"task_id": self.request.id, "pid": os.getpid(), "time": redis_now(r)}
+        r.rpush(f"{prefix}:slow:started", json.dumps(start))
+        time.sleep(seconds)
+        r.sadd(succeeded, self.request.id)
+        return order_id
+
+
+app = make_app(os.environ)
