@@ -112,45 +112,36 @@ class Bench:
         if queued != self.total:
             raise RuntimeError(f"{queued} messages in {self.queue} after publishing {self.total}")
 
+        command = [sys.executable, "-m", "celery", "-A", "benchmarks.benchapp", "worker"]
+        command += [
+            "-P",
+            pool,
+            "-c",
+            "2",
+            "-Q",
+            self.queue,
+            "-n",
+            f"{self.prefix}-{variant}-{pool}@%h",
+        ]
+        command += ["--without-heartbeat", "--without-gossip", "--without-mingle", "-l", "warning"]
         before = self.commandstats()
         own_before = self.own.copy()
-        log = tempfile.NamedTemporaryFile(prefix=f"bench-{variant}-{pool}-", suffix=".log")
-        worker = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "benchmarks.benchapp",
-                "worker",
-                "-P",
-                pool,
-                "-c",
-                "2",
-                "-Q",
-                self.queue,
-                "-n",
-                f"{self.prefix}-{variant}-{pool}@%h",
-                "--without-heartbeat",
-                "--without-gossip",
-                "--without-mingle",
-                "-l",
-                "warning",
-            ],  # fmt: skip
-            cwd=ROOT,
-            env={**self.base_env, "BENCH_STATS_KEY": stats_key},
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        try:
-            records = self.wait(worker, stats_key, log.name)
-            after = self.commandstats()
-        finally:
-            self.stop(worker)
-        if sum(r[0] for r in records) < self.total:  # a process not among the last writers
+        with tempfile.NamedTemporaryFile(prefix=f"bench-{variant}-{pool}-", suffix=".log") as log:
+            worker = subprocess.Popen(
+                command,
+                cwd=ROOT,
+                env={**self.base_env, "BENCH_STATS_KEY": stats_key},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+            try:
+                records = self.wait(worker, stats_key, log.name)
+                after = self.commandstats()
+            finally:
+                self.stop(worker)
+        if sum(r[0] for r in records) < self.total:  # a process was not among the last writers
             records = self.read_records(stats_key)
-        log.close()
 
         done = sum(r[0] for r in records)
         if done != self.total:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timezone
 from typing import Any, TypeVar
@@ -291,6 +292,40 @@ def purge(
         _fail(f"this would delete {count} parked task(s); add --yes to do it")
     removed = res.backout.purge(breaker, status, reason)
     _emit(as_json, {"purged": removed}, lambda: f"purged {removed} parked task(s)")
+
+
+@resilience.command(cls=CeleryCommand)
+@click.option("--port", default=9808, show_default=True, help="Port to serve /metrics on.")
+@click.option("--addr", default="127.0.0.1", show_default=True, help="Address to bind.")
+@click.pass_context
+def metrics(ctx: click.Context, port: int, addr: str) -> None:
+    """Serve Prometheus metrics (breakers, parked tasks, drains) read from Redis."""
+    from .metrics import serve
+
+    serve(_resilience(ctx), port, addr)
+    click.echo(f"serving celery-resilience metrics on http://{addr}:{port}/metrics")
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+
+
+@resilience.command(cls=CeleryCommand)
+@json_option
+@click.pass_context
+def check(ctx: click.Context, as_json: bool) -> None:
+    """Look for settings and Redis setups that can lose work; exit 1 on an error."""
+    from .checks import run_checks
+
+    findings = run_checks(_resilience(ctx))
+    _emit(
+        as_json,
+        [{"level": f.level, "message": f.message} for f in findings],
+        lambda: "\n".join(f"{f.level.upper()}: {f.message}" for f in findings) or "all good",
+    )
+    if any(f.level == "error" for f in findings):
+        sys.exit(1)
 
 
 def _steer(action: str, help_text: str) -> Callable[..., None]:

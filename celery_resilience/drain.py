@@ -144,7 +144,8 @@ class Drainer:
                     if budget <= 0:
                         break
             self.store.expire_dead()
-        report.duration = time.monotonic() - started
+            report.duration = time.monotonic() - started
+            self.store.bump(_counters(report))
         if report.replayed or report.dead or report.errors:
             logger.warning(
                 "Drain: replayed=%d dead=%d skipped=%d errors=%d in %.2fs",
@@ -257,8 +258,19 @@ def replay(resilience: Resilience, entry_id: str) -> ParkedTask:
         with replay_dispatcher(resilience.app) as events:
             events.replayed(entry)
         store.delete(entry_id)
+        store.bump({f"replayed|{_internal(entry.breaker or NO_BREAKER)}": 1})
     logger.warning("Replayed %s[%s] (entry %s)", entry.task_name, entry.task_id, entry_id)
     return entry
+
+
+def _counters(report: DrainReport) -> dict[str, float]:
+    """What a run adds to the store's monotonic counters (metrics)."""
+    counters: dict[str, float] = {"drain_runs": 1, "drain_seconds": report.duration}
+    for name, stats in report.breakers.items():
+        for what in ("replayed", "dead"):
+            if stats[what]:
+                counters[f"{what}|{name}"] = stats[what]
+    return counters
 
 
 def _internal(breaker: str) -> str:

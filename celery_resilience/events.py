@@ -74,3 +74,28 @@ def replay_dispatcher(app: Any, hostname: str | None = None) -> Iterator[ReplayE
         yield ReplayEvents(opened)
     finally:
         dispatcher.__exit__(None, None, None)
+
+
+def breaker_event_type(transition: str) -> str:
+    """``opened`` -> ``resilience-breaker-opened``, ``half_opened`` -> ``...-half-opened``."""
+    return "resilience-breaker-" + transition.replace("_", "-")
+
+
+def send_breaker_event(app: Any, breaker: str, transition: str, state: str) -> None:
+    """A worker event for a transition this process made (exactly once per transition).
+
+    Sent with the worker's own hostname when inside a task, so Flower counts it for the worker.
+    """
+    if app.conf.task_always_eager:
+        return
+    from celery import current_task
+
+    request = getattr(current_task, "request", None)
+    hostname = getattr(request, "hostname", None)
+    try:
+        with app.events.default_dispatcher(hostname=hostname) as dispatcher:
+            dispatcher.send(
+                breaker_event_type(transition), breaker=breaker, state=state, retry=False
+            )
+    except Exception:
+        logger.warning("Could not send the %s event of %r", transition, breaker, exc_info=True)

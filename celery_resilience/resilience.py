@@ -6,6 +6,7 @@ nothing opened by the parent is used, since a shared socket would interleave rep
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -25,7 +26,9 @@ from .breaker.redis import RedisBreakerStore
 from .breaker.store import BreakerStore, Delivery
 from .config import ResilienceConfig
 from .drain import Drainer, DrainReport, replay
+from .events import send_breaker_event
 
+logger = logging.getLogger("celery_resilience")
 _instances: weakref.WeakKeyDictionary[Any, Resilience] = weakref.WeakKeyDictionary()
 _instances_lock = threading.Lock()
 
@@ -66,7 +69,9 @@ class Resilience:
         self.app = app
         self.config = config if config is not None else ResilienceConfig.from_app(app)
         self.health = RedisHealth(self.config.on_redis_error)
-        self.transition_listeners: list[TransitionListener] = []
+        #: Send Flower-visible events for breaker transitions (off in tests that don't care).
+        self.send_events = True
+        self.transition_listeners: list[TransitionListener] = [self._send_transition_event]
         self._fixed_breaker_store = breaker_store
         self._fixed_backout = backout
         self._backout: BackoutStore | None = None
@@ -75,6 +80,10 @@ class Resilience:
         self._pid = -1
         self._client: redis.Redis | None = None
         self._breaker_store: BreakerStore | None = None
+
+    def _send_transition_event(self, breaker: str, transition: str, state: str) -> None:
+        if self.send_events:
+            send_breaker_event(self.app, breaker, transition, state)
 
     @classmethod
     def for_app(cls, app: Any) -> Resilience:
@@ -200,6 +209,13 @@ class Resilience:
             self.breaker_store.mark_done(scope, task_id, int(self.config.dedup_ttl))
         except redis.RedisError as exc:
             self.health.failed(scope or "-", exc)
+
+    def count_retry(self, breaker: str | None) -> None:
+        """Count a scheduled retry for metrics (the retry path publishes anyway: not hot)."""
+        try:
+            self.backout_store.bump({f"retries|{breaker or '-'}": 1})
+        except Exception:  # a metric must never stop a retry
+            logger.debug("Could not count a retry", exc_info=True)
 
     def now(self) -> float:
         """Epoch seconds from Redis ``TIME`` (the fleet's one clock), or local time if down."""

@@ -164,6 +164,7 @@ class ResilientTask(Task):  # type: ignore[misc]
             countdown,
             exc,
         )
+        self.resilience.count_retry(self.breaker)
         # Celery's retry path: same task id, retries + 1, published with apply_async(countdown).
         raise self.retry(exc=exc, countdown=countdown, max_retries=None)
 

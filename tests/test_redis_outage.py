@@ -72,7 +72,7 @@ def hanging_url() -> Iterator[str]:
 @dataclass(frozen=True)
 class Unreachable:
     url: str
-    calls: int  # a hanging Redis costs two timeouts per call: fewer calls keep the test fast
+    calls: int  # a hanging Redis costs a timeout per call: fewer calls keep the test fast
 
 
 @pytest.fixture(params=["refused", "hanging"])
@@ -139,14 +139,14 @@ def test_fail_closed_rejects_as_unavailable_and_logs_the_outage_once(
 
 
 @pytest.mark.parametrize("policy", ["fail_open", "fail_closed"])
-def test_a_hanging_redis_costs_about_two_timeouts_per_call(
+def test_a_hanging_redis_is_given_up_on_within_two_timeouts(
     make_breaker, hanging_url: str, policy: str
 ) -> None:
     breaker = make_breaker(hanging_url, policy)
     for _ in range(2):
         _, elapsed = timed(lambda: breaker.call(lambda: None))
-        # One try and one retry, each cut off by resilience_redis_timeout.
-        assert 2 * TIMEOUT * 0.9 < elapsed < 3 * TIMEOUT
+        # The timeout decides (no instant error), and nothing stacks retries on top of it.
+        assert TIMEOUT * 0.9 < elapsed < 2 * TIMEOUT + 0.15
 
 
 # -- (b) a real Redis that stops and comes back ---------------------------------------------------

@@ -50,6 +50,7 @@ class MemoryBackoutStore:
         self.serializer = serializer
         self.accept = store_accept(serializer, accept)
         self._records: dict[str, _Record] = {}
+        self._stats: dict[str, float] = {}
         self._lock = threading.Lock()
 
     def park(self, entry: ParkedTask) -> None:
@@ -63,6 +64,8 @@ class MemoryBackoutStore:
             self._records[entry.id] = _Record(
                 data, Meta.of(entry), entry.parked_at, died_at, due_at=entry.due_at
             )
+            stat = f"parked|{Meta.of(entry).breaker}|{entry.reason}"
+            self._stats[stat] = self._stats.get(stat, 0) + 1
 
     def get(self, entry_id: str) -> ParkedTask | None:
         with self._lock:
@@ -135,6 +138,15 @@ class MemoryBackoutStore:
             for entry_id in doomed:
                 del self._records[entry_id]
         return len(doomed)
+
+    def stats(self) -> dict[str, float]:
+        with self._lock:
+            return dict(self._stats)
+
+    def bump(self, counters: dict[str, float]) -> None:
+        with self._lock:
+            for name, amount in counters.items():
+                self._stats[name] = self._stats.get(name, 0) + amount
 
     # -- the drain's side ----------------------------------------------------------------
 

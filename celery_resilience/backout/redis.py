@@ -13,6 +13,7 @@ key                                type  holds
 ``{P:backout}:ready:<b>``          zset  entry id -> due_at, parked entries waiting for a drain
 ``{P:backout}:dead``               zset  entry id -> time it died (Redis ``TIME``, seconds)
 ``{P:backout}:inflight``           zset  entry id -> lease expiry; reserved for the drain
+``{P:backout}:stats``              hash  monotonic counters for metrics (parks, replays, drains)
 =================================  ====  ===========================================================
 
 ``meta`` is authoritative for status: a claimed (in-flight) entry keeps ``parked`` there and in
@@ -75,11 +76,12 @@ class BackoutKeys:
     counts: str
     dead: str
     inflight: str
+    stats: str
 
     @classmethod
     def for_prefix(cls, prefix: str) -> BackoutKeys:
         tag = f"{{{prefix}:backout}}"
-        names = ("entries", "index", "meta", "counts", "dead", "inflight")
+        names = ("entries", "index", "meta", "counts", "dead", "inflight", "stats")
         return cls(tag, *(f"{tag}:{name}" for name in names))
 
     def ready(self, breaker: str) -> str:
@@ -132,9 +134,25 @@ class RedisBackoutStore:
         self, entry_id: str, data: bytes, meta: Meta, parked_at: float, due_at: float, limit: int
     ) -> int:
         k = self.keys
-        keys = [k.entries, k.index, k.meta, k.counts, k.ready(meta.breaker), k.dead]
+        keys = [k.entries, k.index, k.meta, k.counts, k.ready(meta.breaker), k.dead, k.stats]
         argv = [entry_id, data, meta.encode(), meta.counter, repr(parked_at), repr(due_at), limit]
-        return int(self._park(keys, [*argv, meta.status]))
+        stat = f"parked|{meta.breaker}|{meta.reason}"
+        return int(self._park(keys, [*argv, meta.status, stat]))
+
+    def stats(self) -> dict[str, float]:
+        """Monotonic counters: ``parked|<b>|<reason>``, and what drains added (``bump``)."""
+        with _reachable():
+            raw = cast(dict[bytes, bytes], self.client.hgetall(self.keys.stats))
+        return {k.decode(): float(v) for k, v in raw.items()}
+
+    def bump(self, counters: dict[str, float]) -> None:
+        """Add to counters (one round trip for all of them)."""
+        if not counters:
+            return
+        with _reachable(), self.client.pipeline(transaction=False) as pipe:
+            for name, amount in counters.items():
+                pipe.hincrbyfloat(self.keys.stats, name, amount)
+            pipe.execute()
 
     def delete(self, entry_id: str) -> bool:
         with _reachable():

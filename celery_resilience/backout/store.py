@@ -82,6 +82,12 @@ class BackoutStore(Protocol):
     def expire_dead(self) -> int:
         """Remove entries dead for longer than ``dead_ttl`` (none when unset); the number."""
 
+    def stats(self) -> dict[str, float]:
+        """Monotonic counters for metrics: ``parked|<breaker>|<reason>`` and drain figures."""
+
+    def bump(self, counters: dict[str, float]) -> None:
+        """Add to the counters of ``stats`` (one round trip)."""
+
     def claim(
         self, breaker: str, limit: int, lease: float, now: float | None = None
     ) -> builtins.list[ParkedTask]:

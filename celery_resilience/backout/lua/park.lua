@@ -5,6 +5,7 @@
 -- KEYS[4] counts   hash  "status|breaker" -> number of entries
 -- KEYS[5] ready    zset  id -> due_at, of the entry's breaker
 -- KEYS[6] dead     zset  id -> time it died (seconds, Redis TIME)
+-- KEYS[7] stats    hash  monotonic counters for metrics ("parked|breaker|reason" -> n)
 -- ARGV[1] entry id
 -- ARGV[2] payload (encoded ParkedTask)
 -- ARGV[3] meta text
@@ -13,6 +14,7 @@
 -- ARGV[6] due_at (epoch seconds)
 -- ARGV[7] max_entries
 -- ARGV[8] status: "parked" (into KEYS[5]) or "dead" (into KEYS[6])
+-- ARGV[9] stats field to count this park under
 -- Returns 1 stored, 0 already stored (nothing changed), -1 full (nothing stored).
 
 local id = ARGV[1]
@@ -26,6 +28,7 @@ redis.call('HSET', KEYS[1], id, ARGV[2])
 redis.call('ZADD', KEYS[2], ARGV[5], id)
 redis.call('HSET', KEYS[3], id, ARGV[3])
 redis.call('HINCRBY', KEYS[4], ARGV[4], 1)
+redis.call('HINCRBY', KEYS[7], ARGV[9], 1)
 if ARGV[8] == 'dead' then
   local t = redis.call('TIME')
   redis.call('ZADD', KEYS[6], string.format('%d.%06d', t[1], t[2]), id)

@@ -1,0 +1,110 @@
+"""Start-up checks, as celery-redbeat does: settings and Redis setups that can lose work.
+
+Each finding says what to change. ``error`` where work would be lost or run twice,
+``warning`` where a guarantee is weakened. Run at worker start and by
+``celery -A proj resilience check``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+import redis
+
+from .config import broker_countdown_limit
+
+if TYPE_CHECKING:
+    from .resilience import Resilience
+
+logger = logging.getLogger("celery_resilience.checks")
+
+
+@dataclass(frozen=True)
+class Finding:
+    level: Literal["error", "warning"]
+    message: str
+
+
+def run_checks(resilience: Resilience) -> list[Finding]:
+    """Every finding for this app; Redis that can't be reached is a finding too."""
+    findings = _settings(resilience)
+    try:
+        findings += _redis(resilience.redis)
+    except redis.RedisError as exc:
+        findings.append(Finding("error", f"Redis at resilience_redis_url unreachable: {exc}"))
+    return findings
+
+
+def log_findings(findings: list[Finding]) -> None:
+    for finding in findings:
+        level = logging.ERROR if finding.level == "error" else logging.WARNING
+        logger.log(level, "celery-resilience check: %s", finding.message)
+
+
+def _settings(resilience: Resilience) -> list[Finding]:
+    from .task import ResilientTask
+
+    findings: list[Finding] = []
+    conf = resilience.app.conf
+    limit = broker_countdown_limit(conf)
+    if resilience.config.max_countdown >= limit:
+        findings.append(
+            Finding(
+                "error",
+                f"resilience_max_countdown ({resilience.config.max_countdown:.0f}s) is not below "
+                f"the broker's visibility timeout ({limit:.0f}s): a retry that long is "
+                "delivered twice. Lower resilience_max_countdown (or leave it unset).",
+            )
+        )
+    for name, task in sorted(resilience.app.tasks.items()):
+        if isinstance(task, ResilientTask) and not _acks_late(task, conf):
+            findings.append(
+                Finding(
+                    "warning",
+                    f"{name} is a ResilientTask without acks_late: a worker killed mid-task "
+                    "loses it. Set acks_late=True (and task_reject_on_worker_lost=True).",
+                )
+            )
+    return findings
+
+
+def _acks_late(task: Any, conf: Any) -> bool:
+    return bool(task.acks_late if task.acks_late is not None else conf.task_acks_late)
+
+
+def _redis(client: redis.Redis) -> list[Finding]:
+    findings: list[Finding] = []
+    try:
+        config: dict[str, str] = client.config_get("maxmemory-policy")  # type: ignore[assignment]
+        config.update(client.config_get("appendonly"))  # type: ignore[arg-type]
+        config.update(client.config_get("save"))  # type: ignore[arg-type]
+    except redis.ResponseError:  # CONFIG disabled (managed Redis): nothing to look at
+        return findings
+    policy = config.get("maxmemory-policy", "noeviction")
+    if policy.startswith("allkeys"):
+        findings.append(
+            Finding(
+                "error",
+                f"Redis maxmemory-policy is {policy}: under memory pressure it evicts parked "
+                "tasks and breaker state. Set maxmemory-policy noeviction.",
+            )
+        )
+    elif policy != "noeviction":
+        findings.append(
+            Finding(
+                "warning",
+                f"Redis maxmemory-policy is {policy}: it may evict the dedup and delivery "
+                "markers (keys with a TTL). Prefer maxmemory-policy noeviction.",
+            )
+        )
+    if config.get("appendonly") != "yes" and not config.get("save"):
+        findings.append(
+            Finding(
+                "warning",
+                "Redis keeps nothing on disk (appendonly no, no save points): parked tasks "
+                "are lost if it restarts. Enable appendonly yes (appendfsync everysec or always).",
+            )
+        )
+    return findings

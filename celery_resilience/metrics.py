@@ -1,0 +1,121 @@
+"""Prometheus metrics, read from Redis on each scrape: any one process can serve them.
+
+The counters live in Redis, kept by the same scripts that change the state, so there is no
+per-process registry to merge (prefork children would need multiprocess mode otherwise).
+Mount :class:`ResilienceCollector` in an existing exporter, or run
+``celery -A proj resilience metrics --port 9808``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from .backout.entry import STATUSES
+from .backout.store import NO_BREAKER
+from .breaker.model import STATES
+
+if TYPE_CHECKING:
+    from .resilience import Resilience
+
+PREFIX = "celery_resilience"
+_TRANSITIONS = ("opened", "half_opened", "closed")
+
+
+def _label(breaker: str) -> str:
+    return "" if breaker == NO_BREAKER else breaker
+
+
+class ResilienceCollector:
+    """A ``prometheus_client`` collector over one app's breakers and back-out store."""
+
+    def __init__(self, resilience: Resilience) -> None:
+        self.resilience = resilience
+
+    def describe(self) -> list[Any]:
+        return []  # computed on scrape; nothing to check at registration
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        def gauge(name: str, doc: str, labels: list[str]) -> Any:
+            return GaugeMetricFamily(f"{PREFIX}_{name}", doc, labels=labels)
+
+        def counter(name: str, doc: str, labels: list[str]) -> Any:
+            return CounterMetricFamily(f"{PREFIX}_{name}", doc, labels=labels)
+
+        res = self.resilience
+        state = gauge("breaker_state", "1 for the state the breaker is in", ["breaker", "state"])
+        window_calls = gauge("breaker_window_calls", "Calls in the sliding window", ["breaker"])
+        window_failures = gauge(
+            "breaker_window_failures", "Failures in the sliding window", ["breaker"]
+        )
+        consecutive = gauge(
+            "breaker_consecutive_failures", "Failures since the last success", ["breaker"]
+        )
+        transitions = counter("breaker_transitions", "Transitions made", ["breaker", "transition"])
+        calls = counter("breaker_calls", "Recorded calls by outcome", ["breaker", "outcome"])
+        rejected = counter("breaker_rejected_calls", "Calls the breaker rejected", ["breaker"])
+        for name in res.breaker_names():
+            snap = res.breaker(name).snapshot()
+            for each in STATES:
+                state.add_metric([name, each], 1.0 if snap["state"] == each else 0.0)
+            window_calls.add_metric([name], snap["window_calls"])
+            window_failures.add_metric([name], snap["window_failures"])
+            consecutive.add_metric([name], snap["consecutive_failures"])
+            for transition in _TRANSITIONS:
+                transitions.add_metric([name, transition], snap[f"{transition}_total"])
+            calls.add_metric([name, "success"], snap["successes_total"])
+            calls.add_metric([name, "failure"], snap["failures_total"])
+            rejected.add_metric([name], snap["rejected_total"])
+        yield from (state, window_calls, window_failures, consecutive, transitions, calls, rejected)
+        yield from self._backout()
+
+    def _backout(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        store = self.resilience.backout_store
+        entries = GaugeMetricFamily(
+            f"{PREFIX}_backout_entries",
+            "Entries in the back-out store",
+            labels=["breaker", "status"],
+        )
+        for breaker in sorted(store.breakers()):
+            for status in STATUSES:
+                entries.add_metric([_label(breaker), status], store.count(breaker, status))
+        yield entries
+        stats = store.stats()
+        families = {
+            "parked": CounterMetricFamily(
+                f"{PREFIX}_parked", "Tasks parked", labels=["breaker", "reason"]
+            ),
+            "replayed": CounterMetricFamily(
+                f"{PREFIX}_replayed", "Parked tasks published again", labels=["breaker"]
+            ),
+            "dead": CounterMetricFamily(
+                f"{PREFIX}_dead", "Entries that became dead in a drain", labels=["breaker"]
+            ),
+            "retries": CounterMetricFamily(
+                f"{PREFIX}_retries_scheduled", "Retries scheduled with backoff", labels=["breaker"]
+            ),
+        }
+        for key, value in sorted(stats.items()):
+            kind, _, rest = key.partition("|")
+            if kind in families and rest:
+                families[kind].add_metric([_label(p) for p in rest.split("|")], value)
+        yield from families.values()
+        runs = CounterMetricFamily(f"{PREFIX}_drain_runs", "Drain runs that held the lock")
+        runs.add_metric([], stats.get("drain_runs", 0.0))
+        seconds = CounterMetricFamily(f"{PREFIX}_drain_seconds", "Time spent draining")
+        seconds.add_metric([], stats.get("drain_seconds", 0.0))
+        yield runs
+        yield seconds
+
+
+def serve(resilience: Resilience, port: int, addr: str = "127.0.0.1") -> Any:
+    """Serve ``/metrics`` for this app on ``addr:port`` in a background thread."""
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    registry = CollectorRegistry()
+    registry.register(ResilienceCollector(resilience))
+    return start_http_server(port, addr=addr, registry=registry)

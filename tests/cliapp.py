@@ -1,0 +1,81 @@
+"""The Celery app that ``celery -A tests.cliapp resilience ...`` subprocesses load.
+
+Everything comes from ``CLIAPP_*`` environment variables, so each test has a world of its own:
+
+=================  =========================================================================
+CLIAPP_PREFIX      key prefix of the breakers and the back-out store; the Redis broker keeps
+                   its keys under ``<prefix>:broker:`` (kombu's ``global_keyprefix``)
+CLIAPP_BROKER      broker URL (Redis); also the resilience Redis unless CLIAPP_REDIS is set
+CLIAPP_REDIS       Redis of the breakers and the back-out store
+CLIAPP_QUEUE       the app's default queue (nobody consumes it: tests read the broker list)
+=================  =========================================================================
+
+The test process builds the same app with :func:`make_app` from the same mapping. Two
+configured breakers, ``payments`` and ``search``, and one task for each (plus one without a
+breaker). Nothing here runs a task: the CLI only parks, lists, replays and steers.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from celery import Celery
+
+from celery_resilience import ResilientTask
+
+DEFAULT_REDIS = "redis://127.0.0.1:6379/15"
+BREAKERS = ("payments", "search")
+
+
+def settings(env: Mapping[str, str]) -> dict[str, str]:
+    prefix = env.get("CLIAPP_PREFIX", "cliapp")
+    broker = env.get("CLIAPP_BROKER", DEFAULT_REDIS)
+    return {
+        "prefix": prefix,
+        "broker": broker,
+        "redis": env.get("CLIAPP_REDIS", broker),
+        "queue": env.get("CLIAPP_QUEUE", f"{prefix}-queue"),
+    }
+
+
+def broker_keyprefix(prefix: str) -> str:
+    """Where the Redis broker keeps its keys (queue lists, bindings) for this prefix."""
+    return f"{prefix}:broker:"
+
+
+def make_app(env: Mapping[str, str]) -> Celery:
+    s = settings(env)
+    app = Celery(f"cliapp-{s['prefix']}", set_as_current=False)
+    app.conf.update(
+        broker_url=s["broker"],
+        broker_connection_retry_on_startup=True,
+        broker_transport_options={"global_keyprefix": broker_keyprefix(s["prefix"])},
+        task_default_queue=s["queue"],
+        task_ignore_result=True,
+        worker_enable_remote_control=False,
+        resilience_redis_url=s["redis"],
+        resilience_key_prefix=s["prefix"],
+        resilience_breakers={name: {"failure_threshold": 3, "open_timeout": 30.0} for name in BREAKERS},
+        resilience_drain_rate=10_000.0,
+        resilience_drain_batch=100,
+    )
+    resilient = {"base": ResilientTask, "bind": True, "shared": False}
+
+    @app.task(name="cliapp.charge", breaker="payments", retry_on=(ConnectionError,), **resilient)
+    def charge(self: Any, order_id: str, amount: int = 1) -> None:
+        return None
+
+    @app.task(name="cliapp.lookup", breaker="search", retry_on=(ConnectionError,), **resilient)
+    def lookup(self: Any, query: str) -> None:
+        return None
+
+    @app.task(name="cliapp.notify", **resilient)
+    def notify(self: Any, user: str) -> None:
+        return None
+
+    return app
+
+
+app = make_app(os.environ)

@@ -1,0 +1,434 @@
+"""``ResilientTask`` in real ``celery worker`` processes, against real Redis and RabbitMQ.
+
+Each test builds a world of its own (``tests/workerapp.py``): a key prefix holding the breaker,
+the back-out store, the fake dependency, the result keys and the Redis broker's keys, and a
+queue nobody else consumes. Every test keeps a ledger: each published task id must end in
+exactly one of succeeded (``<P>:ledger:succeeded``), parked (the back-out store) or, for the
+tests that expect it, a Celery FAILURE.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+
+from celery_resilience import Resilience
+from celery_resilience.backout.entry import ParkedTask
+
+from .worker_process import WorkerProcess
+from .workerapp import broker_keyprefix, make_app
+
+pytestmark = pytest.mark.slow
+
+AMQP_URL = "amqp://guest:guest@127.0.0.1:5672//"
+WAIT = 20.0
+#: Time a retry may take beyond its countdown: the retry's publish, the worker's ETA timer,
+#: the delivery and the next attempt's start, on a busy 2-core machine.
+SCHEDULING_SLACK = 0.5
+RETRY_LOG = re.compile(r"Task workerapp\.charge\[([0-9a-f-]+)\] retry (\d+)/\S+ in ([0-9.]+)s")
+
+
+def wait_for(predicate: Callable[[], Any], what: str, timeout: float = WAIT) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.05)
+
+
+class World:
+    """One test's app, Redis keys, queue, workers and ledger."""
+
+    def __init__(self, prefix: str, redis_url: str, tmp_path: Path, **settings: Any) -> None:
+        self.prefix = prefix
+        self.queue = f"{prefix}-queue"
+        self.env = {
+            "WORKERAPP_PREFIX": prefix,
+            "WORKERAPP_QUEUE": self.queue,
+            "WORKERAPP_REDIS": redis_url,
+            "WORKERAPP_BROKER": redis_url,
+        }
+        self.env.update({f"WORKERAPP_{k.upper()}": str(v) for k, v in settings.items()})
+        self.app: Celery = make_app(self.env)
+        self.redis = redis.Redis.from_url(redis_url)
+        self.resilience = Resilience.for_app(self.app)
+        self.tmp_path = tmp_path
+        self.workers: list[WorkerProcess] = []
+        self.published: list[str] = []
+
+    # -- workers and tasks ---------------------------------------------------------------
+    def start_worker(self, pool: str = "solo", concurrency: int = 1) -> WorkerProcess:
+        log = self.tmp_path / f"worker-{len(self.workers)}-{pool}.log"
+        worker = WorkerProcess(self.env, log, pool=pool, concurrency=concurrency)
+        self.workers.append(worker)
+        return worker.start()
+
+    def publish(self, task: str, *args: Any, **kwargs: Any) -> str:
+        result = self.app.tasks[f"workerapp.{task}"].apply_async(args=args, kwargs=kwargs)
+        self.published.append(result.id)
+        return str(result.id)
+
+    def state(self, task_id: str) -> str:
+        return str(self.app.AsyncResult(task_id).state)
+
+    # -- the fake dependency ---------------------------------------------------------------
+    def dependency(self, up: bool, latency: float = 0.0) -> None:
+        self.redis.set(f"{self.prefix}:dep:up", "1" if up else "0")
+        self.redis.set(f"{self.prefix}:dep:latency", str(latency))
+
+    def dep_calls(self) -> int:
+        return int(self.redis.get(f"{self.prefix}:dep:calls") or 0)
+
+    def dep_log(self) -> list[dict[str, Any]]:
+        return [json.loads(r) for r in self.redis.lrange(f"{self.prefix}:dep:log", 0, -1)]
+
+    def now(self) -> float:
+        seconds, micros = self.redis.time()
+        return float(seconds) + micros / 1_000_000
+
+    # -- outcomes --------------------------------------------------------------------------
+    def succeeded(self) -> set[str]:
+        members = self.redis.smembers(f"{self.prefix}:ledger:succeeded")
+        return {m.decode() for m in members}
+
+    def parked(self) -> dict[str, ParkedTask]:
+        entries = self.resilience.backout.list(limit=100_000)
+        by_task = {e.task_id: e for e in entries}
+        assert len(by_task) == len(entries), f"a task parked twice: {entries}"
+        return by_task
+
+    def wait_parked(self, task_ids: list[str], timeout: float = WAIT) -> dict[str, ParkedTask]:
+        wanted = set(task_ids)
+        wait_for(lambda: wanted <= set(self.parked()), f"{len(wanted)} parked", timeout)
+        return {t: e for t, e in self.parked().items() if t in wanted}
+
+    def assert_ledger(self, failed: set[str] | None = None) -> Counter[str]:
+        """Every published id in exactly one outcome: succeeded, parked or (expected) failed."""
+        failed = failed or set()
+        published = set(self.published)
+        assert len(published) == len(self.published)
+        succeeded, parked = self.succeeded(), set(self.parked())
+        assert not succeeded & parked, f"both succeeded and parked: {succeeded & parked}"
+        assert not failed & (succeeded | parked)
+        assert published == succeeded | parked | failed, (
+            f"lost: {published - succeeded - parked - failed}, "
+            f"unknown: {(succeeded | parked | failed) - published}"
+        )
+        counts = Counter(published=len(published), succeeded=len(succeeded), parked=len(parked))
+        counts["failed"] = len(failed)
+        print(f"ledger: {dict(counts)}")
+        return counts
+
+    def broker_messages_of(self, task_id: str) -> list[str]:
+        """Redis-broker keys (queues, ``unacked``...) that hold a message of ``task_id``."""
+        holders = []
+        for key in self.redis.scan_iter(match=f"{broker_keyprefix(self.prefix)}*"):
+            kind = self.redis.type(key)
+            if kind == b"list":
+                values = self.redis.lrange(key, 0, -1)
+            elif kind == b"hash":
+                values = self.redis.hvals(key)
+            else:
+                continue
+            if any(task_id.encode() in v for v in values):
+                holders.append(key.decode())
+        return holders
+
+    def close(self) -> None:
+        logs = [w.stop() for w in self.workers]
+        for worker, log in zip(self.workers, logs):
+            # Captured output: pytest shows it only when the test failed.
+            print(f"===== {worker.log_path.name} (pid {worker.process and worker.pid})\n{log}")
+        if self.env["WORKERAPP_BROKER"].startswith("amqp"):
+            with self.app.connection_for_write() as conn:
+                channel = conn.default_channel
+                channel.queue_delete(self.queue)
+                channel.exchange_delete(self.queue)
+        self.app.close()
+        self.redis.close()
+
+
+@pytest.fixture
+def make_world(
+    key_prefix: str, redis_url: str, tmp_path: Path
+) -> Iterator[Callable[..., World]]:
+    """``make_world(**settings)``: settings become ``WORKERAPP_*`` variables of the workers."""
+    worlds: list[World] = []
+
+    def make(**settings: Any) -> World:
+        world = World(key_prefix, redis_url, tmp_path, **settings)
+        worlds.append(world)
+        return world
+
+    yield make
+    for world in worlds:  # before ``key_prefix`` deletes the keys
+        world.close()
+
+
+def attempts_by_task(world: World) -> dict[str, list[dict[str, Any]]]:
+    calls: dict[str, list[dict[str, Any]]] = {}
+    for record in world.dep_log():
+        calls.setdefault(record["task_id"], []).append(record)
+    return calls
+
+
+def countdowns_logged(logs: str) -> dict[tuple[str, int], float]:
+    """(task id, retry number) -> the countdown the task chose, from the worker's log."""
+    return {(t, int(n)): float(c) for t, n, c in RETRY_LOG.findall(logs)}
+
+
+def amqp_reachable() -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", 5672), timeout=1).close()
+    except OSError:
+        return False
+    return True
+
+
+# -- 1. backoff, one breaker for the fleet, recovery -------------------------------------------
+@pytest.mark.parametrize(("pool", "concurrency"), [("solo", 1), ("prefork", 2)])
+def test_dependency_down_retries_with_jitter_then_trips_breaker_once_and_parks(
+    make_world: Callable[..., World], pool: str, concurrency: int
+) -> None:
+    base, max_retries = 0.2, 4
+    world = make_world(
+        failure_threshold=3, open_timeout=60, max_retries=max_retries, backoff_base=base
+    )
+    worker = world.start_worker(pool, concurrency)
+    breaker = world.resilience.breaker("dep")
+
+    # (a) Given a breaker held closed, when the dependency is down, then each task retries
+    # max_retries times, each delay drawn in [0, min(cap, base * 2**n)] and really waited.
+    breaker.force_closed()
+    world.dependency(up=False)
+    spaced = [world.publish("charge", f"a-{i}") for i in range(4)]
+    exhausted = world.wait_parked(spaced)
+    assert {e.reason for e in exhausted.values()} == {"retries_exhausted"}
+    chosen = countdowns_logged(worker.log())
+    attempts = attempts_by_task(world)
+    delays: dict[int, list[float]] = {n: [] for n in range(max_retries)}
+    for task_id in spaced:
+        calls = attempts[task_id]
+        assert [c["retries"] for c in calls] == list(range(max_retries + 1))
+        for n in range(max_retries):
+            bound = min(5.0, base * 2**n)
+            countdown = chosen[(task_id, n + 1)]
+            observed = calls[n + 1]["time"] - calls[n]["time"]
+            assert 0.0 <= countdown <= bound + 0.005  # the log rounds to 10 ms
+            assert countdown - 0.005 <= observed <= countdown + SCHEDULING_SLACK
+            assert observed <= bound + SCHEDULING_SLACK
+            delays[n].append(observed)
+    mean = {n: sum(d) / len(d) for n, d in delays.items()}
+    print(f"mean observed delay per retry: {mean}")
+    # Full jitter: the bound doubles each retry; over 4 tasks, the last retries wait longer
+    # than the first (failing by chance has a probability below 1e-3).
+    assert mean[max_retries - 1] > mean[0]
+    assert breaker.snapshot()["opened_total"] == 0  # forced closed: nothing tripped
+
+    # (b) Given a fresh closed breaker, when failures come from every pool process, then the
+    # breaker opens exactly once and later deliveries park without calling the dependency.
+    breaker.reset()
+    world.dependency(up=False, latency=0.3)  # long enough for both children to be busy
+    calls_before = world.dep_calls()
+    tripping = [world.publish("charge", f"b-{i}") for i in range(2)]
+    wait_for(lambda: breaker.state == "open", "the breaker to open")
+    parked_tripping = world.wait_parked(tripping)
+    trip_calls = world.dep_log()[calls_before:]
+    assert 3 <= len(trip_calls) <= 3 + concurrency - 1  # in-flight permits may still fail
+    if pool == "prefork":
+        assert len({c["pid"] for c in trip_calls}) == 2, trip_calls
+    assert {e.reason for e in parked_tripping.values()} == {"breaker_open"}
+
+    calls_open = world.dep_calls()
+    later = [world.publish("charge", f"c-{i}") for i in range(3)]
+    parked_later = world.wait_parked(later)
+    assert {e.reason for e in parked_later.values()} == {"breaker_open"}
+    assert {e.retries for e in parked_later.values()} == {0}
+    assert world.dep_calls() == calls_open
+    snapshot = breaker.snapshot()
+    assert snapshot["state"] == "open"
+    assert snapshot["opened_total"] == 1
+    assert worker.log().count("Breaker 'dep' opened") == 1
+
+    # (c) Given the dependency back and the breaker reset, new tasks succeed.
+    world.dependency(up=True)
+    breaker.reset()
+    recovered = [world.publish("charge", f"d-{i}") for i in range(2)]
+    wait_for(lambda: set(recovered) <= world.succeeded(), "the recovered tasks to succeed")
+    wait_for(lambda: {world.state(t) for t in recovered} == {"SUCCESS"}, "SUCCESS states")
+    assert breaker.snapshot()["opened_total"] == 1
+    counts = world.assert_ledger()
+    assert counts["succeeded"] == len(recovered)
+
+
+# -- 2. retries run out ------------------------------------------------------------------------
+def test_exhausted_task_is_parked_with_everything_needed_to_replay_it(
+    make_world: Callable[..., World],
+) -> None:
+    world = make_world(failure_threshold=100, max_retries=2, backoff_base=0.1)
+    world.start_worker()
+    world.dependency(up=False)
+
+    task_id = world.publish("charge", "o-2", amount=42)
+    entry = world.wait_parked([task_id])[task_id]
+
+    assert entry.reason == "retries_exhausted"
+    assert entry.task_name == "workerapp.charge"
+    assert entry.task_id == task_id
+    assert entry.args == ["o-2"]
+    assert entry.kwargs == {"amount": 42}
+    assert entry.exc_type.endswith("ConnectionError")
+    assert entry.exc_message == "dependency down (order o-2)"
+    assert "call_dependency" in entry.traceback
+    assert entry.retries == 2
+    assert entry.breaker == "dep"
+    assert entry.status == "parked"
+    assert world.queue in (entry.options.get("queue"), entry.options.get("routing_key"))
+    assert [c["retries"] for c in attempts_by_task(world)[task_id]] == [0, 1, 2]
+    assert world.state(task_id) == "PARKED"
+    assert world.resilience.breaker("dep").snapshot()["opened_total"] == 0
+    world.assert_ledger()
+
+
+# -- 3. the task's own failure ---------------------------------------------------------------
+def test_non_transient_error_fails_the_task_and_leaves_the_breaker_alone(
+    make_world: Callable[..., World],
+) -> None:
+    world = make_world(failure_threshold=3)
+    worker = world.start_worker()
+    breaker = world.resilience.breaker("dep")
+
+    def dependency_down() -> None:
+        raise ConnectionError("down")
+
+    for _ in range(2):  # one failure short of the threshold
+        with pytest.raises(ConnectionError):
+            breaker.call(dependency_down)
+    before = breaker.snapshot()
+    assert before["consecutive_failures"] == 2
+
+    crashed = [world.publish("crash", f"x-{i}") for i in range(3)]
+    wait_for(lambda: {world.state(t) for t in crashed} == {"FAILURE"}, "FAILURE states")
+    result = world.app.AsyncResult(crashed[0])
+    assert isinstance(result.result, ValueError)
+    assert "does not exist" in str(result.result)
+    worker.stop()  # flushes any deferred breaker record: a success would show now
+
+    after = breaker.snapshot()
+    for field in ("state", "consecutive_failures", "window_calls", "window_failures"):
+        assert after[field] == before[field], field
+    assert after["opened_total"] == 0
+    world.assert_ledger(failed=set(crashed))
+
+
+# -- 4. a delay longer than the broker holds safely ------------------------------------------
+def test_delay_above_max_countdown_is_parked_with_due_at_not_sent_as_eta(
+    make_world: Callable[..., World],
+) -> None:
+    # "equal" jitter: the first delay is in [5, 10] s, always above the 2 s limit.
+    world = make_world(
+        failure_threshold=100, max_countdown=2, backoff_base=10, backoff_cap=60, jitter="equal"
+    )
+    world.start_worker()
+    world.dependency(up=False)
+
+    task_id = world.publish("charge", "o-4")
+    entry = world.wait_parked([task_id])[task_id]
+
+    assert entry.reason == "delay_too_long"
+    assert entry.retries == 0
+    assert 5.0 - 0.01 <= entry.due_at - entry.parked_at <= 10.0 + 0.01
+    assert entry.due_at > world.now() + 2.0
+    assert world.dep_calls() == 1
+    time.sleep(0.5)  # a retry published by mistake would reach the broker by now
+    assert world.broker_messages_of(task_id) == []  # not in the queue, not in ``unacked``
+    assert world.redis.hlen(f"{broker_keyprefix(world.prefix)}unacked") == 0
+    assert world.state(task_id) == "PARKED"
+    assert world.dep_calls() == 1
+    world.assert_ledger()
+
+
+# -- 5. the same fleet breaker over RabbitMQ ---------------------------------------------------
+@pytest.mark.skipif(not amqp_reachable(), reason="no RabbitMQ on 127.0.0.1:5672")
+def test_breaker_opens_and_parks_with_rabbitmq_broker(make_world: Callable[..., World]) -> None:
+    world = make_world(broker=AMQP_URL, failure_threshold=3, open_timeout=60, backoff_base=0.1)
+    worker = world.start_worker()
+    breaker = world.resilience.breaker("dep")
+    world.dependency(up=False)
+
+    tripping = [world.publish("charge", f"b-{i}") for i in range(2)]
+    wait_for(lambda: breaker.state == "open", "the breaker to open")
+    world.wait_parked(tripping)
+    calls_open = world.dep_calls()
+    assert calls_open == 3
+
+    later = [world.publish("charge", f"c-{i}") for i in range(3)]
+    parked = world.wait_parked(later)
+    assert {e.reason for e in parked.values()} == {"breaker_open"}
+    assert world.dep_calls() == calls_open
+    assert breaker.snapshot()["opened_total"] == 1
+    assert worker.log().count("Breaker 'dep' opened") == 1
+    counts = world.assert_ledger()
+    assert counts["parked"] == 5
+
+
+# -- 6. kill -9 of a pool child mid-task -------------------------------------------------------
+def test_pool_child_killed_mid_task_loses_nothing(make_world: Callable[..., World]) -> None:
+    # acks_late + task_reject_on_worker_lost: when the parent sees the child die it rejects the
+    # message with requeue=True, and kombu's Redis transport restores it to the queue at once
+    # (QoS.reject -> restore_by_tag): no visibility timeout and no worker restart is needed.
+    # The visibility timeout is only the fallback for a message whose *worker* died (the parent
+    # too); kombu sweeps ``unacked`` for it every ~unacked_restore_interval * throttle seconds.
+    # It is short here (5 s), so prefetching is limited to one message per child: a message
+    # reserved longer than the timeout would be restored and run twice.
+    world = make_world(visibility_timeout=5, prefetch_multiplier=1)
+    worker = world.start_worker("prefork", 2)
+    started_key = f"{world.prefix}:slow:started"
+
+    published = [world.publish("slow", f"s-{i}", 0.5 + 0.05 * (i % 10)) for i in range(20)]
+
+    def running_victim() -> dict[str, Any] | None:
+        """A task that started under 0.2 s ago (so it runs >= 0.3 s more) on a live child."""
+        if world.redis.llen(started_key) < 3:
+            return None
+        now, children = world.now(), worker.children()
+        for raw in reversed(world.redis.lrange(started_key, 0, -1)):
+            record = json.loads(raw)
+            if now - record["time"] < 0.2 and record["pid"] in children:
+                return dict(record)
+        return None
+
+    victim = wait_for(running_victim, "a task running on a pool child")
+    killed_at = world.now()
+    worker.kill_child(victim["pid"])
+
+    done = wait_for(
+        lambda: set(published) <= world.succeeded() | set(world.parked()),
+        "every published task to succeed or park",
+    )
+    assert done
+    starts = [json.loads(r) for r in world.redis.lrange(started_key, 0, -1)]
+    runs = Counter(s["task_id"] for s in starts)
+    victim_runs = [s for s in starts if s["task_id"] == victim["task_id"]]
+    assert len(victim_runs) >= 2, "the killed task was not run again"
+    requeued_after = victim_runs[1]["time"] - killed_at
+    print(f"killed task {victim['task_id']} ran again {requeued_after:.2f}s after the kill")
+    assert requeued_after < 5.0  # before the visibility timeout: requeued at once
+    assert "WorkerLostError" in worker.log() or "signal 9" in worker.log()
+    counts = world.assert_ledger()
+    print(f"runs per task: {sorted(Counter(runs.values()).items())} (runs: tasks)")
+    assert counts["succeeded"] + counts["parked"] == len(published)
