@@ -30,6 +30,15 @@ class Finding:
 def run_checks(resilience: Resilience) -> list[Finding]:
     """Every finding for this app; Redis that can't be reached is a finding too."""
     findings = _settings(resilience)
+    if resilience.config.in_memory:
+        findings.append(
+            Finding(
+                "warning",
+                "resilience_redis_url is memory://: breakers and parked tasks live in one "
+                "process and are lost with it. Use Redis outside unit tests.",
+            )
+        )
+        return findings
     try:
         findings += _redis(resilience.redis)
     except redis.RedisError as exc:

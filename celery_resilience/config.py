@@ -18,6 +18,9 @@ from .errors import ConfigurationError
 
 RedisErrorPolicy = Literal["fail_open", "fail_closed"]
 REDIS_SCHEMES = ("redis", "rediss", "unix")
+#: ``resilience_redis_url`` value that keeps breakers and parked tasks in the process
+#: (unit tests, eager mode): nothing is shared with other processes.
+MEMORY_URL = "memory://"
 
 #: Redis-broker default ``visibility_timeout`` (kombu), and RabbitMQ's default
 #: ``consumer_timeout`` (an ETA message is held unacked by the worker that long at most).
@@ -71,6 +74,10 @@ class ResilienceConfig:
     backout_max_entries: int = 1_000_000
     #: How long the broker may hold an unacked message before it redelivers it (seconds).
     broker_redelivery_after: float = _DEFAULT_VISIBILITY_TIMEOUT
+
+    @property
+    def in_memory(self) -> bool:
+        return self.redis_url == MEMORY_URL
 
     @property
     def delivery_ttl(self) -> int:
@@ -231,10 +238,14 @@ def _import_path(setting: str, path: str) -> Any:
 
 
 def _redis_url(value: Any, broker_url: Any) -> str:
+    if value == MEMORY_URL:
+        return MEMORY_URL
     if value is None:
         broker = broker_url.split(";")[0] if isinstance(broker_url, str) else None
         if broker and urlparse(broker).scheme in REDIS_SCHEMES:
             return broker
+        if broker and urlparse(broker).scheme == "memory":
+            return MEMORY_URL  # an in-memory broker (tests): keep everything in the process too
         raise ConfigurationError(
             "resilience_redis_url is not set and the broker is not Redis "
             f"(broker_url={broker_url!r}): set resilience_redis_url"

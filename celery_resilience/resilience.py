@@ -19,13 +19,16 @@ from redis.retry import Retry
 
 from .backout.api import Backout
 from .backout.entry import ParkedTask
+from .backout.memory import MemoryBackoutStore
 from .backout.redis import RedisBackoutStore
 from .backout.store import BackoutStore
 from .breaker.breaker import Admission, Breaker, RedisHealth, TransitionListener
+from .breaker.memory import MemoryBreakerStore
 from .breaker.redis import RedisBreakerStore
 from .breaker.store import BreakerStore, Delivery
 from .config import ResilienceConfig
 from .drain import Drainer, DrainReport, replay
+from .errors import StoreUnavailable
 from .events import send_breaker_event
 
 logger = logging.getLogger("celery_resilience")
@@ -106,6 +109,18 @@ class Resilience:
         with self._lock:
             if self._pid == os.getpid():
                 return
+            if self.config.in_memory:
+                # One process, nothing shared: the stores outlive forks only as copies.
+                self._breaker_store = self._fixed_breaker_store or MemoryBreakerStore()
+                self._backout = self._fixed_backout or MemoryBackoutStore(
+                    max_entries=self.config.backout_max_entries,
+                    dead_ttl=self.config.dead_ttl,
+                    serializer=self.config.serializer,
+                    accept=self.app.conf.accept_content,
+                )
+                self._fixed_breaker_store, self._fixed_backout = self._breaker_store, self._backout
+                self._pid = os.getpid()
+                return
             self._client = make_redis_client(self.config)
             self._breaker_store = self._fixed_breaker_store or RedisBreakerStore(
                 self._client, self.config.key_prefix
@@ -127,9 +142,11 @@ class Resilience:
 
     @property
     def redis(self) -> redis.Redis:
+        """The Redis client of breakers and store (``StoreUnavailable`` with ``memory://``)."""
         if self._pid != os.getpid():
             self._connect()
-        assert self._client is not None
+        if self._client is None:
+            raise StoreUnavailable("resilience_redis_url is memory://: there is no Redis")
         return self._client
 
     @property
@@ -221,7 +238,7 @@ class Resilience:
         """Epoch seconds from Redis ``TIME`` (the fleet's one clock), or local time if down."""
         try:
             seconds, micros = self.redis.time()
-        except redis.RedisError:
+        except (redis.RedisError, StoreUnavailable):
             return time.time()
         return float(seconds) + micros / 1_000_000
 

@@ -121,7 +121,7 @@ def app(make_app: MakeApp) -> Celery:
 def resilient(app: Celery, **options: Any) -> Callable[[Callable[..., Any]], Any]:
     """``@app.task(base=ResilientTask, bind=True, **options)``, registered at once, on ``app``
     only (``shared=False``: a shared task would be added to every app made afterwards)."""
-    return app.task(base=ResilientTask, bind=True, shared=False, lazy=False, **options)  # type: ignore[no-any-return]
+    return app.task(base=ResilientTask, bind=True, shared=False, lazy=False, **options)
 
 
 def resilience(app: Celery) -> Resilience:
@@ -311,9 +311,7 @@ def test_park_on_parks_at_once_without_retrying(
 ) -> None:
     calls: list[int] = []
 
-    @resilient(
-        app, breaker="dep", retry_on=(DependencyDown,), park_on=(NotNow,), max_retries=3
-    )
+    @resilient(app, breaker="dep", retry_on=(DependencyDown,), park_on=(NotNow,), max_retries=3)
     def ship(self: Any, n: int) -> None:
         calls.append(self.request.retries)
         raise NotNow("warehouse closed until Monday")

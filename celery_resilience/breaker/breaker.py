@@ -12,14 +12,15 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 import redis
 
 from ..config import BreakerConfig
-from ..errors import BreakerOpen
+from ..errors import BreakerOpen, StoreUnavailable
 from .model import STATES, Action, Change, Kind, Limits, Skip, State, Transition
 from .store import BreakerStore, Delivery
 
@@ -30,6 +31,15 @@ TransitionListener = Callable[[str, Transition, State], None]
 
 #: Deferred successes are flushed at least this often (seconds) under steady traffic.
 FLUSH_INTERVAL = 1.0
+
+
+@contextmanager
+def _store_errors() -> Iterator[None]:
+    """Reading or steering a breaker needs its store: say so in our own error type."""
+    try:
+        yield
+    except redis.RedisError as exc:
+        raise StoreUnavailable(f"breaker store unreachable: {exc}") from exc
 
 
 class RedisHealth:
@@ -98,6 +108,9 @@ class Permit:
     def __exit__(self, exc_type: type[BaseException] | None, exc: object, tb: object) -> None:
         if exc_type is None:
             self.success()
+        elif not issubclass(exc_type, Exception):
+            # KeyboardInterrupt, SystemExit: the process is going, the dependency not judged.
+            self._done = True
         elif not issubclass(exc_type, self.breaker.config.ignore):
             self.failure()
         elif self.kind == "probe":
@@ -239,7 +252,8 @@ class Breaker:
 
     def snapshot(self) -> dict[str, Any]:
         """State, counters, window counts, ``opened_at`` / ``open_until`` (epoch seconds)."""
-        return self._store().snapshot(self.name, self.limits)
+        with _store_errors():
+            return self._store().snapshot(self.name, self.limits)
 
     def force_open(self) -> None:
         """Hold the breaker open (every call rejected) until ``force_closed`` or ``reset``."""
@@ -254,7 +268,8 @@ class Breaker:
         self._force("reset")
 
     def _force(self, action: Action) -> Change:
-        change = self._store().force(self.name, self.limits, action)
+        with _store_errors():
+            change = self._store().force(self.name, self.limits, action)
         if change.transition:
             self._announce(change.transition, change.state)
         return change

@@ -12,9 +12,10 @@ succeeding closes the breaker, any failing reopens it. ``forced_open`` and ``for
 until ``reset``.
 
 Permits: a call admitted while closed is a ``normal`` permit; in half-open it is a ``probe``
-identified by a permit id. A result arriving for a state it no longer belongs to (a normal permit
-recorded after the breaker opened, a probe whose lease ran out) changes no state: it describes a
-dependency the breaker has already judged.
+identified by a permit id. A normal permit recorded after the breaker opened changes no state: it
+describes a dependency the breaker has already judged. A probe counts while its permit is still
+listed: leases that ran out are cleared by the next acquire (which may hand the slot to a new
+probe); until then a late result of the old probe still decides, as it is real evidence.
 """
 
 from __future__ import annotations

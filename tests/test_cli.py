@@ -1,0 +1,468 @@
+"""The real ``celery -A tests.cliapp resilience ...`` command, run in subprocesses.
+
+Each test has its own key prefix and queue (``tests/cliapp.py`` reads them from ``CLIAPP_*``
+environment variables); entries are parked from the test process through the same store, and
+replayed messages are read from the Redis broker's list of the app's queue. Every celery start
+costs most of a second, so read-only commands of one test run side by side (:meth:`Cli.many`).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from celery_resilience import ParkedTask, Resilience
+from tests import cliapp
+
+ROOT = Path(__file__).resolve().parent.parent
+CLI_TIMEOUT = 60.0
+
+
+@dataclass
+class Result:
+    args: tuple[str, ...]
+    returncode: int
+    stdout: str
+    stderr: str
+
+    def json(self) -> Any:
+        return json.loads(self.stdout)
+
+    def __str__(self) -> str:
+        return (
+            f"celery resilience {' '.join(self.args)} -> {self.returncode}\n"
+            f"--- stdout\n{self.stdout}--- stderr\n{self.stderr}"
+        )
+
+
+class Cli:
+    """One test's world: the app, its ``Resilience``, and the command run against it."""
+
+    def __init__(self, env: dict[str, str], client: redis.Redis) -> None:
+        self.env = env
+        self.client = client
+        self.app = cliapp.make_app(env)
+        self.res = Resilience(self.app)
+        self.store = self.res.backout_store
+        self.queue_key = cliapp.broker_keyprefix(env["CLIAPP_PREFIX"]) + env["CLIAPP_QUEUE"]
+
+    def _start(self, args: tuple[str, ...]) -> subprocess.Popen[str]:
+        command = [sys.executable, "-m", "celery", "-A", "tests.cliapp", "resilience", *args]
+        return subprocess.Popen(
+            command,
+            cwd=ROOT,
+            env={**os.environ, **self.env},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    def many(self, *commands: tuple[str, ...]) -> list[Result]:
+        """Run the commands side by side (they must not depend on each other)."""
+        started = [(args, self._start(args)) for args in commands]
+        results = []
+        for args, process in started:
+            try:
+                stdout, stderr = process.communicate(timeout=CLI_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                stdout, stderr = process.communicate()
+                pytest.fail(f"celery resilience {' '.join(args)} hung:\n{stdout}\n{stderr}")
+            results.append(Result(args, process.returncode, stdout, stderr))
+        return results
+
+    def __call__(self, *args: str, rc: int | None = 0) -> Result:
+        (result,) = self.many(args)
+        if rc is not None:
+            assert result.returncode == rc, str(result)
+        return result
+
+    # -- the world as the test sees it -------------------------------------------------------
+    def park(
+        self,
+        n: int,
+        *,
+        task_name: str = "cliapp.charge",
+        breaker: str | None = "payments",
+        reason: str = "breaker_open",
+        status: str = "parked",
+        exc: BaseException | None = None,
+        **fields: Any,
+    ) -> ParkedTask:
+        """Park entry number ``n``: parked ``n`` seconds after a fixed past time (newer = more)."""
+        values: dict[str, Any] = {
+            "task_name": task_name,
+            "task_id": f"{self.env['CLIAPP_PREFIX']}-task-{n}",
+            "args": [f"order-{n}"],
+            "kwargs": {"amount": n, "note": "naïve ☃"},
+            "breaker": breaker,
+            "reason": reason,
+            "status": status,
+            "parked_at": time.time() - 1000 + n,
+            "exc": exc,
+        }
+        if status == "dead":
+            values["dead_reason"] = "max_replays"
+        values.update(fields)
+        entry = ParkedTask.new(**values)
+        self.store.park(entry)
+        return entry
+
+    def published(self) -> list[dict[str, Any]]:
+        """Headers of the messages in the app's queue (the Redis broker's list), oldest first."""
+        raw = self.client.lrange(self.queue_key, 0, -1)
+        messages = [json.loads(m) for m in reversed(raw)]  # kombu LPUSHes, workers BRPOP
+        for message in messages:
+            body = message["body"]
+            if message["properties"].get("body_encoding") == "base64":
+                body = base64.b64decode(body)
+            message["headers"]["_body"] = json.loads(body)
+        return [m["headers"] for m in messages]
+
+    def ids(self, **filters: Any) -> list[str]:
+        return [e.id for e in self.store.list(limit=10_000, **filters)]
+
+
+@pytest.fixture
+def cli(key_prefix: str, redis_url: str, redis_client: redis.Redis) -> Iterator[Cli]:
+    env = {
+        "CLIAPP_PREFIX": key_prefix,
+        "CLIAPP_BROKER": redis_url,
+        "CLIAPP_QUEUE": f"{key_prefix}-queue",
+    }
+    world = Cli(env, redis_client)
+    yield world
+    world.res.redis.close()
+
+
+def _boom() -> ValueError:
+    try:
+        raise ValueError("gateway said no: card declined")
+    except ValueError as exc:
+        return exc
+
+
+# -- status --------------------------------------------------------------------------------
+
+
+def test_status_table_and_json(cli: Cli) -> None:
+    for n in range(3):
+        cli.park(n, breaker="payments")
+    cli.park(3, breaker="payments", status="dead")
+    cli.park(4, task_name="cliapp.lookup", breaker="search")
+    cli.park(5, task_name="cliapp.notify", breaker=None)
+    cli.park(6, task_name="cliapp.notify", breaker=None, status="dead")
+    cli.park(7, task_name="cliapp.charge", breaker="legacy")  # not configured, has entries
+    search = cli.res.breaker("search")
+    for _ in range(3):  # failure_threshold 3: a real trip, so "open until" is set
+        search.acquire().failure()
+    assert search.state == "open"
+    open_until = search.snapshot()["open_until"]
+    cli.res.breaker("payments").force_open()
+
+    table, as_json = cli.many(("status",), ("status", "--json"))
+    assert table.returncode == 0, str(table)
+    assert as_json.returncode == 0, str(as_json)
+
+    data = as_json.json()
+    breakers = data["breakers"]
+    assert set(breakers) == {"payments", "search", "legacy"}
+    assert breakers["payments"]["state"] == "forced_open"
+    assert (breakers["payments"]["parked"], breakers["payments"]["dead"]) == (3, 1)
+    assert breakers["search"]["state"] == "open"
+    assert breakers["search"]["opened_total"] == 1
+    assert breakers["search"]["open_until"] == pytest.approx(open_until)
+    assert (breakers["search"]["parked"], breakers["search"]["dead"]) == (1, 0)
+    assert breakers["legacy"]["state"] == "closed"
+    assert (breakers["legacy"]["parked"], breakers["legacy"]["dead"]) == (1, 0)
+    assert data["no_breaker"] == {"parked": 1, "dead": 1}
+
+    lines = table.stdout.splitlines()
+    assert lines[0].split() == [
+        "breaker", "state", "consecutive", "window", "opened", "open", "until", "parked", "dead"
+    ]  # fmt: skip
+    rows = {line.split()[0]: line for line in lines[2:] if not line.startswith("without")}
+    assert set(rows) == {"legacy", "payments", "search"}
+    until = datetime.fromtimestamp(open_until, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+    assert rows["search"].split()[1] == "open"
+    assert until in rows["search"]
+    assert rows["search"].split()[-2:] == ["1", "0"]
+    assert rows["payments"].split()[1] == "forced_open"
+    assert rows["payments"].split()[-2:] == ["3", "1"]
+    assert lines[-1] == "without breaker: 1 parked, 1 dead"
+
+
+# -- list and show -------------------------------------------------------------------------
+
+
+def test_list_filters_paging_and_json(cli: Cli) -> None:
+    entries = [
+        cli.park(0, breaker="payments", reason="breaker_open"),
+        cli.park(1, breaker="payments", reason="retries_exhausted"),
+        cli.park(2, task_name="cliapp.lookup", breaker="search", reason="retries_exhausted"),
+        cli.park(3, breaker="payments", reason="park_on", status="dead"),
+        cli.park(4, task_name="cliapp.notify", breaker=None, reason="delay_too_long"),
+        cli.park(5, breaker="payments", reason="breaker_open"),
+        cli.park(6, task_name="cliapp.lookup", breaker="search", reason="redelivered"),
+    ]
+    newest_first = [e.id for e in reversed(entries)]
+
+    (
+        all_json,
+        by_breaker,
+        by_reason,
+        by_status,
+        no_breaker,
+        page2,
+        page3,
+        combined,
+        table,
+        bad_page,
+    ) = cli.many(
+        ("list", "--json"),
+        ("list", "--breaker", "payments", "--json"),
+        ("list", "--reason", "retries_exhausted", "--json"),
+        ("list", "--status", "dead", "--json"),
+        ("list", "--breaker", "-", "--json"),
+        ("list", "--limit", "3", "--page", "2", "--json"),
+        ("list", "--limit", "3", "--page", "3", "--json"),
+        ("list", "--breaker", "payments", "--status", "parked", "--limit", "2", "--json"),
+        ("list", "--limit", "4"),
+        ("list", "--page", "0"),
+    )
+    for result in (all_json, by_breaker, by_reason, by_status, no_breaker, page2, page3, table):
+        assert result.returncode == 0, str(result)
+
+    def ids(result: Result) -> list[str]:
+        return [e["id"] for e in result.json()]
+
+    assert ids(all_json) == newest_first
+    first = all_json.json()[0]
+    assert first["task_id"] == entries[6].task_id
+    assert first["args"] == ["order-6"]
+    assert first["kwargs"] == {"amount": 6, "note": "naïve ☃"}
+    assert first["reason"] == "redelivered"
+    assert ids(by_breaker) == [entries[i].id for i in (5, 3, 1, 0)]
+    assert ids(by_reason) == [entries[i].id for i in (2, 1)]
+    assert ids(by_status) == [entries[3].id]
+    assert by_status.json()[0]["status"] == "dead"
+    assert ids(no_breaker) == [entries[4].id]
+    assert no_breaker.json()[0]["breaker"] is None
+    assert ids(page2) == newest_first[3:6]
+    assert ids(page3) == newest_first[6:]
+    assert ids(combined) == [entries[5].id, entries[1].id]
+
+    lines = table.stdout.splitlines()
+    assert lines[0].split()[:3] == ["id", "task", "task"]
+    assert [line.split()[0] for line in lines[2:]] == newest_first[:4]
+    assert lines[2].split()[1:4] == ["cliapp.lookup", entries[6].task_id, "search"]
+    assert bad_page.returncode == 1
+    assert "--page" in bad_page.stderr
+
+
+def test_bad_filter_values_are_refused(cli: Cli) -> None:
+    reason, status = cli.many(
+        ("list", "--reason", "no_such_reason"), ("purge", "--status", "lost", "--yes")
+    )
+    assert reason.returncode == 2, str(reason)  # click's usage error
+    assert "no_such_reason" in reason.stderr
+    assert status.returncode == 2, str(status)
+    assert "lost" in status.stderr
+
+
+def test_show_args_kwargs_and_traceback(cli: Cli) -> None:
+    entry = cli.park(
+        1,
+        reason="retries_exhausted",
+        exc=_boom(),
+        args=["order-1", {"lines": [1, 2]}],
+        kwargs={"amount": 42, "currency": "EUR"},
+        retries=3,
+    )
+    human, as_json = cli.many(("show", entry.id), ("show", entry.id, "--json"))
+    assert human.returncode == 0, str(human)
+    assert as_json.returncode == 0, str(as_json)
+
+    data = as_json.json()
+    assert data["id"] == entry.id
+    assert data["task_name"] == "cliapp.charge"
+    assert data["task_id"] == entry.task_id
+    assert data["args"] == ["order-1", {"lines": [1, 2]}]
+    assert data["kwargs"] == {"amount": 42, "currency": "EUR"}
+    assert data["exc_type"] == "builtins.ValueError"
+    assert data["exc_message"] == "gateway said no: card declined"
+    assert data["traceback"] == entry.traceback
+    assert "Traceback (most recent call last)" in data["traceback"]
+    assert data["retries"] == 3
+    assert data["reason"] == "retries_exhausted"
+
+    out = human.stdout
+    assert f'id: "{entry.id}"' in out
+    assert 'args: ["order-1", {"lines": [1, 2]}]' in out
+    assert 'kwargs: {"amount": 42, "currency": "EUR"}' in out
+    assert "traceback:" in out
+    assert "raise ValueError" in out
+    assert "ValueError: gateway said no: card declined" in out
+
+
+# -- replay and drain ----------------------------------------------------------------------
+
+
+def test_replay_ids_then_all_of_one_breaker(cli: Cli) -> None:
+    pay = [cli.park(n, breaker="payments") for n in range(4)]
+    search = [cli.park(10 + n, task_name="cliapp.lookup", breaker="search") for n in range(2)]
+    assert cli.published() == []
+
+    result = cli("replay", pay[0].id, search[1].id)
+    assert f"replayed {pay[0].id} -> cliapp.charge[{pay[0].task_id}]" in result.stdout
+    assert "2 replayed, 0 failed" in result.stdout
+    assert set(cli.ids()) == {pay[1].id, pay[2].id, pay[3].id, search[0].id}
+    headers = cli.published()
+    assert [h["id"] for h in headers] == [pay[0].task_id, search[1].task_id]
+    assert [h["task"] for h in headers] == ["cliapp.charge", "cliapp.lookup"]
+    assert headers[0]["resilience_replays"] == 1
+    assert headers[0]["_body"][0] == pay[0].args  # same args and kwargs
+    assert headers[0]["_body"][1] == pay[0].kwargs
+
+    result = cli("replay", "--all", "--breaker", "payments", "--json")
+    replayed = result.json()["replayed"]
+    assert sorted(r["task_id"] for r in replayed) == sorted(e.task_id for e in pay[1:])
+    assert result.json()["failed"] == []
+    assert cli.ids() == [search[0].id]  # the other breaker's entry is untouched
+    assert sorted(h["id"] for h in cli.published()[2:]) == sorted(e.task_id for e in pay[1:])
+    assert len(cli.published()) == 5
+
+
+def test_replay_needs_ids_or_all(cli: Cli) -> None:
+    entry = cli.park(0)
+    neither, both = cli.many(("replay",), ("replay", entry.id, "--all"))
+    for result in (neither, both):
+        assert result.returncode == 1, str(result)
+        assert "--all" in result.stderr
+    assert cli.ids() == [entry.id]
+    assert cli.published() == []
+
+
+def test_drain_is_gated_by_the_breaker(cli: Cli) -> None:
+    pay = [cli.park(n, breaker="payments") for n in range(5)]
+    other = cli.park(9, task_name="cliapp.lookup", breaker="search")
+    payments = cli.res.breaker("payments")
+    payments.force_open()
+
+    report = cli("drain", "--breaker", "payments", "--json").json()
+    assert report["replayed"] == 0
+    assert report["skipped"] == 5  # due, held back by the open breaker
+    assert cli.store.count("payments") == 5
+    assert cli.published() == []
+
+    payments.reset()  # closed: everything due goes
+    report = cli("drain", "--breaker", "payments", "--json").json()
+    assert (report["replayed"], report["skipped"], report["errors"]) == (5, 0, 0)
+    assert cli.store.count("payments") == 0
+    assert cli.ids() == [other.id]  # only the breaker asked for
+    assert sorted(h["id"] for h in cli.published()) == sorted(e.task_id for e in pay)
+
+    human = cli("drain").stdout  # every breaker: the search entry goes too
+    assert human.startswith("replayed 1, dead 0, held back 0, errors 0")
+    assert cli.ids() == []
+    assert cli.published()[-1]["id"] == other.task_id
+
+
+# -- purge ---------------------------------------------------------------------------------
+
+
+def test_purge_needs_yes_and_respects_filters(cli: Cli) -> None:
+    pay = [cli.park(n, breaker="payments") for n in range(3)]
+    dead = cli.park(3, breaker="payments", status="dead")
+    search = [cli.park(10 + n, task_name="cliapp.lookup", breaker="search") for n in range(2)]
+    everything = set(cli.ids())
+
+    refused = cli("purge", rc=1)
+    assert "--yes" in refused.stderr
+    assert "6 parked task(s)" in refused.stderr
+    refused = cli("purge", "--breaker", "search", rc=1)
+    assert "2 parked task(s)" in refused.stderr
+    assert set(cli.ids()) == everything
+
+    assert cli("purge", "--breaker", "search", "--yes").stdout.strip() == "purged 2 parked task(s)"
+    assert set(cli.ids()) == {e.id for e in pay} | {dead.id}
+    assert cli("purge", "--status", "dead", "--yes", "--json").json() == {"purged": 1}
+    assert set(cli.ids()) == {e.id for e in pay}
+    cli("purge", "--yes")
+    assert cli.ids() == []
+    assert cli.store.count() == 0
+    assert all(e.id not in cli.ids() for e in search)
+
+
+# -- steering the shared breaker -----------------------------------------------------------
+
+
+def test_open_close_reset_change_the_shared_state(cli: Cli) -> None:
+    breaker = cli.res.breaker("payments")
+    assert breaker.state == "closed"
+
+    assert cli("open", "payments").stdout.strip() == "breaker 'payments' is now forced_open"
+    assert breaker.state == "forced_open"
+    assert cli.res.breaker("search").state == "closed"
+
+    assert cli("close", "payments", "--json").json()["state"] == "forced_closed"
+    assert breaker.state == "forced_closed"
+
+    for _ in range(3):  # tripped for real, reset must bring it back
+        cli.res.breaker("search").acquire().failure()
+    assert cli.res.breaker("search").state == "open"
+    reset_pay, reset_search = cli.many(("reset", "payments"), ("reset", "search"))
+    assert reset_pay.returncode == 0, str(reset_pay)
+    assert reset_search.stdout.strip() == "breaker 'search' is now closed"
+    assert breaker.state == "closed"
+    assert cli.res.breaker("search").state == "closed"
+
+
+def test_unknown_breaker_and_unknown_entry(cli: Cli) -> None:
+    entry = cli.park(0)
+    missing = "0" * 32
+    results = cli.many(
+        ("open", "nope"),
+        ("close", "nope"),
+        ("reset", "nope"),
+        ("show", missing),
+        ("replay", missing),
+        ("replay", missing, "--json"),
+        ("drain", "--breaker", "nope"),
+    )
+    for result in results:
+        assert result.returncode == 1, str(result)
+    for result in results[:3]:
+        assert "unknown breaker 'nope'" in result.stderr
+        assert "payments, search" in result.stderr  # the known ones are named
+    assert f"no parked task with id {missing!r}" in results[3].stderr
+    for result in results[4:6]:
+        assert missing in result.stderr
+        assert "no parked task" in result.stderr
+    assert results[5].json()["failed"][0]["id"] == missing
+    assert "unknown breaker 'nope'" in results[6].stderr
+    assert cli.ids() == [entry.id]  # nothing happened to the real entry
+    assert cli.res.breaker("payments").state == "closed"
+    assert "nope" not in cli.res.breaker_names()
+
+
+def test_replay_of_an_unregistered_task_says_so(cli: Cli) -> None:
+    gone = cli.park(0, task_name="cliapp.removed_long_ago")
+    result = cli("replay", gone.id, rc=1)
+    assert "cliapp.removed_long_ago" in result.stderr
+    assert "not registered" in result.stderr
+    assert cli.ids() == [gone.id]  # kept: a person decides
+    assert cli.published() == []
