@@ -72,6 +72,9 @@ class ResilienceConfig:
     max_replays: int = 5
     dead_ttl: float | None = None
     backout_max_entries: int = 1_000_000
+    #: Where parked tasks live: "redis" (default), "django" (the ORM of
+    #: celery_resilience.contrib.django) or a dotted path to a factory(resilience) -> store.
+    backout_store: str = "redis"
     #: How long the broker may hold an unacked message before it redelivers it (seconds).
     broker_redelivery_after: float = _DEFAULT_VISIBILITY_TIMEOUT
 
@@ -134,6 +137,7 @@ class ResilienceConfig:
             backout_max_entries=_integer(
                 "resilience_backout_max_entries", get("backout_max_entries", 1_000_000)
             ),
+            backout_store=_string("resilience_backout_store", get("backout_store", "redis")),
             broker_redelivery_after=broker_countdown_limit(conf),
         )
 

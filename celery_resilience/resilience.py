@@ -6,6 +6,7 @@ nothing opened by the parent is used, since a shared socket would interleave rep
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import threading
@@ -28,7 +29,7 @@ from .breaker.redis import RedisBreakerStore
 from .breaker.store import BreakerStore, Delivery
 from .config import ResilienceConfig
 from .drain import Drainer, DrainReport, replay
-from .errors import StoreUnavailable
+from .errors import ConfigurationError, StoreUnavailable
 from .events import send_breaker_event
 
 logger = logging.getLogger("celery_resilience")
@@ -125,15 +126,36 @@ class Resilience:
             self._breaker_store = self._fixed_breaker_store or RedisBreakerStore(
                 self._client, self.config.key_prefix
             )
-            self._backout = self._fixed_backout or RedisBackoutStore(
-                self._client,
-                self.config.key_prefix,
-                serializer=self.config.serializer,
-                accept=self.app.conf.accept_content,
-                max_entries=self.config.backout_max_entries,
-                dead_ttl=self.config.dead_ttl,
+            self._backout = (
+                self._fixed_backout
+                or self._custom_backout()
+                or RedisBackoutStore(
+                    self._client,
+                    self.config.key_prefix,
+                    serializer=self.config.serializer,
+                    accept=self.app.conf.accept_content,
+                    max_entries=self.config.backout_max_entries,
+                    dead_ttl=self.config.dead_ttl,
+                )
             )
             self._pid = os.getpid()
+
+    def _custom_backout(self) -> BackoutStore | None:
+        """The store named by ``resilience_backout_store`` when it is not Redis."""
+        choice = self.config.backout_store
+        if choice == "redis":
+            return None
+        path = "celery_resilience.contrib.django.store.make_store" if choice == "django" else choice
+        module, _, name = path.replace(":", ".").rpartition(".")
+        try:
+            factory = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError, ValueError) as exc:
+            raise ConfigurationError(
+                f"resilience_backout_store must be 'redis', 'django' or an importable factory, "
+                f"got {choice!r} ({exc})"
+            ) from exc
+        store: BackoutStore = factory(self)
+        return store
 
     def reset_connections(self) -> None:
         """Forget connections so the next use opens new ones (``worker_process_init``)."""

@@ -64,15 +64,17 @@ def make_app(env: Mapping[str, str]) -> Celery:
     resilient = {"base": ResilientTask, "bind": True, "shared": False}
 
     @app.task(name="cliapp.charge", breaker="payments", retry_on=(ConnectionError,), **resilient)
-    def charge(self: Any, order_id: str, amount: int = 1) -> None:
+    def charge(
+        self: Any, order_id: str, amount: int = 1, note: str = "", currency: str = "EUR"
+    ) -> None:
         return None
 
     @app.task(name="cliapp.lookup", breaker="search", retry_on=(ConnectionError,), **resilient)
-    def lookup(self: Any, query: str) -> None:
+    def lookup(self: Any, *args: Any, **kwargs: Any) -> None:
         return None
 
     @app.task(name="cliapp.notify", **resilient)
-    def notify(self: Any, user: str) -> None:
+    def notify(self: Any, *args: Any, **kwargs: Any) -> None:
         return None
 
     return app

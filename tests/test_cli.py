@@ -302,7 +302,7 @@ def test_show_args_kwargs_and_traceback(cli: Cli) -> None:
     assert data["task_id"] == entry.task_id
     assert data["args"] == ["order-1", {"lines": [1, 2]}]
     assert data["kwargs"] == {"amount": 42, "currency": "EUR"}
-    assert data["exc_type"] == "builtins.ValueError"
+    assert data["exc_type"] == "ValueError"
     assert data["exc_message"] == "gateway said no: card declined"
     assert data["traceback"] == entry.traceback
     assert "Traceback (most recent call last)" in data["traceback"]
