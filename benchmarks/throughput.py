@@ -52,6 +52,11 @@ STALL_TIMEOUT = 30.0  # seconds without progress before a worker is judged stuck
 START_TIMEOUT = 60.0
 
 
+#: One worker process's report: tasks run, timed tasks run, start of its first timed task, end
+#: of its last one, requests it wrote to Redis.
+Record = tuple[int, int, float, float, int]
+
+
 @dataclass
 class Cell:
     variant: str
@@ -62,6 +67,7 @@ class Cell:
     timed: int = 0
     processes: int = 0
     commands: Counter[str] = field(default_factory=Counter)
+    round_trips: int = 0
     breaker_check: str = ""
     note: str = ""
 
@@ -151,6 +157,7 @@ class Bench:
         timed = [r for r in records if r[1]]
         cell.timed = sum(r[1] for r in timed)
         cell.processes = len(records)
+        cell.round_trips = sum(r[4] for r in records)
         cell.window = max(r[3] for r in timed) - min(r[2] for r in timed)
         own = self.own - own_before
         cell.commands = Counter(
@@ -177,19 +184,17 @@ class Bench:
         stats = self.store.info("commandstats")
         return {name.removeprefix("cmdstat_"): int(s["calls"]) for name, s in stats.items()}
 
-    def read_records(self, stats_key: str) -> list[tuple[int, int, float, float]]:
+    def read_records(self, stats_key: str) -> list[Record]:
         raw: dict[bytes, bytes] = self.broker.hgetall(stats_key)  # type: ignore[assignment]
         if self.same_server:
             self.own["hgetall"] += 1
         records = []
         for value in raw.values():
-            count, timed, first, last = value.split()
-            records.append((int(count), int(timed), float(first), float(last)))
+            count, timed, first, last, trips = value.split()
+            records.append((int(count), int(timed), float(first), float(last), int(trips)))
         return records
 
-    def wait(
-        self, worker: subprocess.Popen[bytes], stats_key: str, log: str
-    ) -> list[tuple[int, int, float, float]]:
+    def wait(self, worker: subprocess.Popen[bytes], stats_key: str, log: str) -> list[Record]:
         """Poll the records (one HGETALL each 20 ms) until all tasks are reported done."""
         progress, changed = -1, time.monotonic()
         timeout = START_TIMEOUT
@@ -286,6 +291,20 @@ def report(bench: Bench, cells: dict[tuple[str, str], list[Cell]]) -> None:
         "  network round trips per task: (b) EVALSHA only (TIME/HGETALL/HSET run inside its "
         "Lua); (c) each command listed is a round trip of its own"
     )
+    print(
+        "Client round trips per task (requests written to Redis, a pipeline counting one), "
+        "counted inside the task-running processes, immune to other clients; solo: the whole "
+        "worker, broker included; prefork: the two children, not the parent that talks to the "
+        "broker; lowest of the rounds:"
+    )
+    for pool in POOLS:
+        trips = {v: min(c.round_trips / c.total for c in cells[(v, pool)]) for v in VARIANTS}
+        line = "   ".join(
+            f"{LABELS[v][:3]} {v} {trips[v]:.2f}"
+            + ("" if v == "plain" else f" ({trips[v] - trips['plain']:+.2f})")
+            for v in VARIANTS
+        )
+        print(f"  {pool:<8}{line}")
     checks = [c for pool in POOLS for c in cells[("resilient", pool)]]
     print(
         "breaker 'bench' after each (b) cell (deferred successes flushed at worker shutdown): "

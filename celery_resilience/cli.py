@@ -66,9 +66,15 @@ def _entry_dict(entry: ParkedTask) -> dict[str, Any]:
 
 
 def _known_breaker(res: Resilience, name: str) -> None:
-    if name not in res.breaker_names():
-        known = ", ".join(res.breaker_names()) or "none"
-        _fail(f"unknown breaker {name!r} (known: {known})")
+    known = sorted(set(res.breaker_names()) | (res.backout.breakers() - {NO_BREAKER}))
+    if name not in known:
+        _fail(f"unknown breaker {name!r} (known: {', '.join(known) or 'none'})")
+
+
+def _breaker_filter(res: Resilience, breaker: str | None) -> None:
+    """A ``--breaker`` no one knows is a typo: say so instead of showing an empty store."""
+    if breaker is not None and breaker not in ("", NO_BREAKER, "none"):
+        _known_breaker(res, breaker)
 
 
 @click.group(name="resilience")
@@ -138,7 +144,9 @@ def list_(
     """Parked tasks, newest first."""
     if limit < 1 or page < 1:
         _fail("--limit and --page must be >= 1")
-    entries = _resilience(ctx).backout.list(breaker, status, reason, limit, (page - 1) * limit)
+    res = _resilience(ctx)
+    _breaker_filter(res, breaker)
+    entries = res.backout.list(breaker, status, reason, limit, (page - 1) * limit)
 
     def human() -> str:
         return _table(
@@ -214,6 +222,7 @@ def replay(
         _fail("give entry ids, or --all (with optional filters)")
     ids = list(entry_ids)
     if replay_all:
+        _breaker_filter(res, breaker)
         ids = [e.id for e in _all(res, breaker, status, reason)]
     replayed, failed = [], []
     for entry_id in ids:
@@ -229,10 +238,11 @@ def replay(
         {"replayed": replayed, "failed": failed},
         lambda: "\n".join(
             [f"replayed {r['id']} -> {r['task']}[{r['task_id']}]" for r in replayed]
-            + [f"failed   {f['id']}: {f['error']}" for f in failed]
             + [f"{len(replayed)} replayed, {len(failed)} failed"]
         ),
     )
+    for f in failed:
+        click.echo(f"Error: could not replay {f['id']}: {f['error']}", err=True)
     if failed:
         sys.exit(1)
 
@@ -256,7 +266,9 @@ def _all(
 @click.pass_context
 def drain(ctx: click.Context, breaker: str | None, limit: int | None, as_json: bool) -> None:
     """Replay due parked tasks of breakers that admit calls, at the configured rate."""
-    report = _resilience(ctx).drain(breaker=breaker, limit=limit)
+    res = _resilience(ctx)
+    _breaker_filter(res, breaker)
+    report = res.drain(breaker=breaker, limit=limit)
     data = report.as_dict()
 
     def human() -> str:
@@ -287,6 +299,7 @@ def purge(
 ) -> None:
     """Delete parked tasks that match the filters (all without filters). Needs --yes."""
     res = _resilience(ctx)
+    _breaker_filter(res, breaker)
     if not yes:
         count = len(_all(res, breaker, status, reason))
         _fail(f"this would delete {count} parked task(s); add --yes to do it")

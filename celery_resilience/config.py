@@ -94,7 +94,11 @@ class ResilienceConfig:
     @classmethod
     def from_app(cls, app: Any) -> ResilienceConfig:
         """Read and validate every setting of ``app`` (a Celery app)."""
-        conf = app.conf
+        return cls.from_conf(app.conf)
+
+    @classmethod
+    def from_conf(cls, conf: Any) -> ResilienceConfig:
+        """Read and validate every setting of ``conf`` (anything with ``.get(name, default)``)."""
 
         def get(name: str, default: Any = None) -> Any:
             return conf.get(f"resilience_{name}", default)

@@ -217,6 +217,11 @@ class Drainer:
                     continue
                 try:
                     publish(self.resilience, entry, producer)
+                except TypeError as exc:  # Celery's check of the args against the signature
+                    self.store.mark_dead(entry.id, "bad_arguments")
+                    logger.error("Entry %s (%s) is dead: %s", entry.id, entry.task_name, exc)
+                    dead += 1
+                    continue
                 except Exception:
                     logger.exception("Publishing %s[%s] failed", entry.task_name, entry.task_id)
                     report.errors += 1
@@ -254,7 +259,12 @@ def replay(resilience: Resilience, entry_id: str) -> ParkedTask:
             raise KeyError(entry_id)
         if entry.dead_reason == "undecodable":
             raise ValueError(f"entry {entry_id} can't be decoded: {entry.exc_message}")
-        publish(resilience, entry)
+        if entry.task_name not in resilience.app.tasks:
+            raise ValueError(f"task {entry.task_name!r} is not registered in this app")
+        try:
+            publish(resilience, entry)
+        except TypeError as exc:  # the args no longer fit the task's signature
+            raise ValueError(f"arguments don't fit {entry.task_name}: {exc}") from exc
         with replay_dispatcher(resilience.app) as events:
             events.replayed(entry)
         store.delete(entry_id)

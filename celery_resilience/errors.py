@@ -25,6 +25,10 @@ class BreakerOpen(ResilienceError):
         hint = f", retry in {retry_after:.3f}s" if retry_after is not None else ""
         super().__init__(f"breaker {breaker!r} is {state}{hint}")
 
+    def __reduce__(self) -> tuple[type[BreakerOpen], tuple[str, str, float | None]]:
+        # Result backends pickle or rebuild exceptions from their arguments.
+        return (type(self), (self.breaker, self.state, self.retry_after))
+
 
 class StoreUnavailable(ResilienceError):
     """Redis (or the configured store) could not be reached within its timeout."""

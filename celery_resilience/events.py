@@ -18,8 +18,17 @@ if TYPE_CHECKING:
 logger = logging.getLogger("celery_resilience.events")
 
 
+def parked_summary(entry: ParkedTask) -> str:
+    """One line for Flower's ``result`` column: Flower shows Celery's own task fields only."""
+    return f"parked: reason={entry.reason} breaker={entry.breaker or '-'} entry={entry.id}"
+
+
 def send_task_parked(task: Any, entry: ParkedTask) -> None:
-    """``task-parked`` with reason, breaker, entry id and due time, for the current task."""
+    """``task-parked`` with reason, breaker, entry id and due time, for the current task.
+
+    Flower keeps every field of the event but its API and pages show only Celery's task fields
+    (``exception``, ``result``...), so the reason, breaker and entry id also go in ``result``.
+    """
     request = task.request
     if request.is_eager or not getattr(task, "send_events", True):
         return
@@ -31,6 +40,7 @@ def send_task_parked(task: Any, entry: ParkedTask) -> None:
             entry_id=entry.id,
             due_at=entry.due_at,
             exception=f"{entry.exc_type}: {entry.exc_message}" if entry.exc_type else "",
+            result=parked_summary(entry),
             retry=False,
         )
     except Exception:  # monitoring must never turn a safely parked task into a failure

@@ -25,7 +25,9 @@ logger = logging.getLogger("celery_resilience.park")
 #: Message header carrying how often a parked task was replayed.
 REPLAYS_HEADER = "resilience_replays"
 #: Execution options that are entry fields of their own, or meaningless in a new message.
-_NOT_OPTIONS = frozenset({"task_id", "retries", "reply_to", "origin", "delivery_tag"})
+_NOT_OPTIONS = frozenset(
+    {"task_id", "retries", "reply_to", "origin", "delivery_tag", "redelivered", "is_eager"}
+)
 #: Countdown of the retry that keeps a message in the broker while the store refuses it.
 STORE_TROUBLE_COUNTDOWN = 30.0
 _ENTRY_NAMESPACE = uuid.UUID("5b1c6c1e-6a0f-4d55-9d0b-2f1f0c1e7a11")
@@ -97,7 +99,7 @@ def park(
                 exc=trouble, countdown=STORE_TROUBLE_COUNTDOWN, max_retries=limit
             ) from trouble
         finally:
-            vars(task).pop("override_max_retries", None)  # set by retry() on the shared task
+            task.__dict__.pop("override_max_retries", None)  # set by retry() on the shared task
     logger.warning(
         "Parked %s[%s] reason=%s breaker=%s entry=%s%s",
         task.name,

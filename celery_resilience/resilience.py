@@ -37,6 +37,18 @@ _instances: weakref.WeakKeyDictionary[Any, Resilience] = weakref.WeakKeyDictiona
 _instances_lock = threading.Lock()
 
 
+def installed(app: Any) -> Resilience | None:
+    """The app's instance if one was made or installed, without making one."""
+    with _instances_lock:
+        return _instances.get(app)
+
+
+def forget(app: Any) -> None:
+    """Drop the app's instance: the next ``for_app`` makes a new one (tests)."""
+    with _instances_lock:
+        _instances.pop(app, None)
+
+
 def all_instances() -> list[Resilience]:
     with _instances_lock:
         return list(_instances.values())

@@ -27,6 +27,7 @@ from celery_resilience import ResilientTask
 
 DEFAULT_REDIS = "redis://127.0.0.1:6379/15"
 BREAKERS = ("payments", "search")
+BREAKER = {"failure_threshold": 3, "open_timeout": 30.0}
 
 
 def settings(env: Mapping[str, str]) -> dict[str, str]:
@@ -57,7 +58,9 @@ def make_app(env: Mapping[str, str]) -> Celery:
         worker_enable_remote_control=False,
         resilience_redis_url=s["redis"],
         resilience_key_prefix=s["prefix"],
-        resilience_breakers={name: {"failure_threshold": 3, "open_timeout": 30.0} for name in BREAKERS},
+        resilience_breakers={
+            name: {"failure_threshold": 3, "open_timeout": 30.0} for name in BREAKERS
+        },
         resilience_drain_rate=10_000.0,
         resilience_drain_batch=100,
     )

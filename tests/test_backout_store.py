@@ -428,6 +428,7 @@ def test_every_key_shares_the_hash_tag(redis_store: RedisBackoutStore, key_prefi
         "dead",
         "ready:-",
         "ready:a",
+        "stats",
     }
 
 

@@ -390,11 +390,12 @@ def test_purge_needs_yes_and_respects_filters(cli: Cli) -> None:
     search = [cli.park(10 + n, task_name="cliapp.lookup", breaker="search") for n in range(2)]
     everything = set(cli.ids())
 
-    refused = cli("purge", rc=1)
-    assert "--yes" in refused.stderr
-    assert "6 parked task(s)" in refused.stderr
-    refused = cli("purge", "--breaker", "search", rc=1)
-    assert "2 parked task(s)" in refused.stderr
+    refused_all, refused_search = cli.many(("purge",), ("purge", "--breaker", "search"))
+    for refused in (refused_all, refused_search):
+        assert refused.returncode == 1, str(refused)
+        assert "--yes" in refused.stderr
+    assert "6 parked task(s)" in refused_all.stderr
+    assert "2 parked task(s)" in refused_search.stderr
     assert set(cli.ids()) == everything
 
     assert cli("purge", "--breaker", "search", "--yes").stdout.strip() == "purged 2 parked task(s)"
@@ -442,6 +443,9 @@ def test_unknown_breaker_and_unknown_entry(cli: Cli) -> None:
         ("replay", missing),
         ("replay", missing, "--json"),
         ("drain", "--breaker", "nope"),
+        ("list", "--breaker", "nope"),
+        ("purge", "--breaker", "nope", "--yes"),
+        ("replay", "--all", "--breaker", "nope"),
     )
     for result in results:
         assert result.returncode == 1, str(result)
@@ -453,7 +457,8 @@ def test_unknown_breaker_and_unknown_entry(cli: Cli) -> None:
         assert missing in result.stderr
         assert "no parked task" in result.stderr
     assert results[5].json()["failed"][0]["id"] == missing
-    assert "unknown breaker 'nope'" in results[6].stderr
+    for result in results[6:]:  # a filter naming no breaker is a typo, not an empty store
+        assert "unknown breaker 'nope'" in result.stderr
     assert cli.ids() == [entry.id]  # nothing happened to the real entry
     assert cli.res.breaker("payments").state == "closed"
     assert "nope" not in cli.res.breaker_names()
@@ -466,3 +471,26 @@ def test_replay_of_an_unregistered_task_says_so(cli: Cli) -> None:
     assert "not registered" in result.stderr
     assert cli.ids() == [gone.id]  # kept: a person decides
     assert cli.published() == []
+
+
+def test_entry_whose_arguments_no_longer_fit_is_dead_not_a_poison(cli: Cli) -> None:
+    """A deploy changed the task's signature while entries were parked: they need a person.
+
+    Neither the drain (which would retry it forever as if the broker had refused it) nor a
+    replay (which would crash with a traceback) may treat it as a publish failure.
+    """
+    good = [cli.park(n) for n in range(3)]
+    bad = cli.park(9, kwargs={"amount": 1, "coupon": "X"})  # charge() has no ``coupon``
+
+    replay = cli("replay", bad.id, rc=1)
+    assert "coupon" in replay.stderr
+    assert "Traceback" not in replay.stderr
+    assert cli.store.get(bad.id) is not None
+
+    report = cli("drain", "--json").json()
+    assert (report["replayed"], report["dead"], report["errors"]) == (3, 1, 0)
+    assert sorted(h["id"] for h in cli.published()) == sorted(e.task_id for e in good)
+    dead = cli.store.get(bad.id)
+    assert dead is not None
+    assert dead.status == "dead"
+    assert dead.dead_reason == "bad_arguments"

@@ -660,11 +660,6 @@ def test_redis_down_fail_open_exhausted_task_fails_loudly(
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="StoreFull and BreakerOpen don't survive pickling (their __init__ takes other "
-    "arguments than .args), so Celery reports them as their base ResilienceError",
-)
 def test_a_failure_from_a_full_store_keeps_its_exception_type(make_app: MakeApp) -> None:
     app = make_app(resilience_backout_max_entries=1)
 

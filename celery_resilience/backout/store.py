@@ -38,6 +38,9 @@ class StoreFull(ResilienceError):
         self.entry_id = entry_id
         super().__init__(f"back-out store is full ({max_entries} entries): {entry_id} not parked")
 
+    def __reduce__(self) -> tuple[type[StoreFull], tuple[int, str]]:
+        return (type(self), (self.max_entries, self.entry_id))
+
 
 class BackoutStore(Protocol):
     """Durable storage of parked tasks; every backend passes ``tests/test_backout_store.py``.

@@ -1,0 +1,625 @@
+"""The drain brings parked tasks back: original ids and options, gated by the breaker, paced.
+
+No worker runs here: entries are parked straight into the store, a drain runs in the test, and
+what it published is read back from the Redis broker (kombu keeps a queue as a Redis list named
+after it, one more list per priority step). Each test uses its own queue and key prefix.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+
+from celery_resilience import ParkedTask, Resilience, drain
+from celery_resilience.backout import MemoryBackoutStore
+from celery_resilience.breaker import MemoryBreakerStore
+from celery_resilience.drain import PUBLISH_RETRY_DELAY, DrainReport, Drainer
+
+TASK = "t.charge"
+KINDS = ["redis", "memory"]
+
+
+def charge(order: int, note: str | None = None) -> int:
+    return order
+
+
+# -- reading what the drain published ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Sent:
+    """One task message found in the broker."""
+
+    task_id: str
+    task: str
+    replays: int | None
+    args: list[Any]
+    kwargs: dict[str, Any]
+    priority: int | None
+    headers: dict[str, Any]
+
+
+def queue_keys(client: redis.Redis, queue: str) -> list[bytes]:
+    """The queue's list and its priority lists (``<queue>\\x06\\x16<step>``)."""
+    return [queue.encode(), *client.scan_iter(match=f"{queue}\x06\x16*")]
+
+
+def sent(client: redis.Redis, queue: str) -> list[Sent]:
+    """Every message waiting in ``queue``, oldest first within each priority list."""
+    found = []
+    for key in queue_keys(client, queue):
+        for raw in reversed(client.lrange(key, 0, -1)):
+            message = json.loads(raw)
+            headers = message["headers"]
+            assert message["properties"]["body_encoding"] == "base64"
+            args, kwargs, _embed = json.loads(base64.b64decode(message["body"]))
+            found.append(
+                Sent(
+                    task_id=headers["id"],
+                    task=headers["task"],
+                    replays=headers.get("resilience_replays"),
+                    args=args,
+                    kwargs=kwargs,
+                    priority=message["properties"].get("priority"),
+                    headers=headers,
+                )
+            )
+    return found
+
+
+def sent_ids(client: redis.Redis, queue: str) -> list[str]:
+    return [s.task_id for s in sent(client, queue)]
+
+
+def sent_count(client: redis.Redis, queue: str) -> int:
+    return sum(client.llen(key) for key in queue_keys(client, queue))
+
+
+# -- apps, stores, entries -----------------------------------------------------------------
+
+
+@pytest.fixture
+def queue(redis_client: redis.Redis) -> Iterator[str]:
+    """A queue of this test's own in the broker database; emptied and unbound afterwards."""
+    name = f"drain-test-{uuid.uuid4().hex[:12]}"
+    yield name
+    keys = [*queue_keys(redis_client, name), f"_kombu.binding.{name}".encode()]
+    redis_client.delete(*keys)
+
+
+MakeResilience = Callable[..., Resilience]
+
+
+@pytest.fixture
+def make_resilience(redis_url: str, key_prefix: str, queue: str) -> Iterator[MakeResilience]:
+    """``make(kind, like=None, **settings)``: an app and its installed ``Resilience``.
+
+    ``settings`` are ``resilience_*`` settings without the prefix. ``like`` shares the stores
+    of another instance (for memory stores; Redis ones share through the key prefix).
+    """
+    apps: list[tuple[Celery, Resilience]] = []
+
+    def make(kind: str = "redis", like: Resilience | None = None, **settings: Any) -> Resilience:
+        app = Celery("t", broker=redis_url, set_as_current=False)
+        app.conf.task_default_queue = queue
+        app.conf.resilience_key_prefix = key_prefix
+        app.conf.resilience_drain_rate = 100_000.0  # pacing only where a test asks for it
+        app.conf.update({f"resilience_{name}": value for name, value in settings.items()})
+        app.task(name=TASK)(charge)
+        if kind == "memory":
+            breakers = like.breaker_store if like else MemoryBreakerStore()
+            backout = like.backout_store if like else MemoryBackoutStore()
+            resilience = Resilience(app, breaker_store=breakers, backout=backout)
+        else:
+            resilience = Resilience(app)
+        Resilience.install(app, resilience)
+        apps.append((app, resilience))
+        return resilience
+
+    yield make
+    for app, resilience in apps:
+        if resilience._client is not None:
+            resilience._client.close()
+        app.close()
+
+
+@pytest.fixture(params=KINDS)
+def kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def park(
+    resilience: Resilience,
+    count: int,
+    queue: str,
+    *,
+    breaker: str | None = "dep",
+    due_in: float = 0.0,
+    tag: str = "t",
+    **fields: Any,
+) -> list[ParkedTask]:
+    """``count`` entries of ``TASK``, due ``due_in`` seconds from now, oldest first."""
+    now = time.time()
+    entries = []
+    for i in range(count):
+        values: dict[str, Any] = {
+            "task_name": TASK,
+            "task_id": f"{tag}-{i}-{uuid.uuid4().hex[:8]}",
+            "reason": "breaker_open",
+            "breaker": breaker,
+            "args": [i],
+            "options": {"queue": queue},
+            "parked_at": now - 60 + i * 1e-3,
+            "due_at": now - 60 + i * 1e-3 if due_in <= 0 else now + due_in,
+        }
+        values.update(fields)
+        entry = ParkedTask.new(**values)
+        resilience.backout_store.park(entry)
+        entries.append(entry)
+    return entries
+
+
+class PublishSpy:
+    """Wraps ``drain.publish``: records each publish; ``hook(n, entry)`` runs before the n-th+1."""
+
+    def __init__(
+        self,
+        monkeypatch: pytest.MonkeyPatch,
+        hook: Callable[[int, ParkedTask], None] | None = None,
+    ) -> None:
+        self.task_ids: list[str] = []
+        self.times: list[float] = []
+        self._lock = threading.Lock()
+        original = drain.publish
+
+        def spy(resilience: Resilience, entry: ParkedTask, producer: Any = None) -> None:
+            if hook is not None:
+                hook(len(self.task_ids), entry)
+            original(resilience, entry, producer)
+            with self._lock:
+                self.task_ids.append(entry.task_id)
+                self.times.append(time.monotonic())
+
+        monkeypatch.setattr(drain, "publish", spy)
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.01)
+
+
+# -- what a drain publishes ------------------------------------------------------------------
+
+
+def test_drain_publishes_due_entries_with_their_ids_args_and_options(
+    kind: str, make_resilience: MakeResilience, redis_client: redis.Redis, queue: str
+) -> None:
+    resilience = make_resilience(kind)
+    due = [
+        *park(resilience, 3, queue, kwargs={"note": "a"}, options={"queue": queue}),
+        *park(resilience, 2, queue, tag="pri", replays=2, options={"queue": queue, "priority": 6}),
+        *park(
+            resilience,
+            1,
+            queue,
+            tag="hdr",
+            options={"queue": queue, "headers": {"x-trace": "abc"}},
+        ),
+    ]
+    later = park(resilience, 2, queue, tag="later", due_in=3600.0)
+
+    report = resilience.drain()
+
+    assert (report.replayed, report.dead, report.errors, report.locked) == (6, 0, 0, False)
+    messages = {s.task_id: s for s in sent(redis_client, queue)}
+    assert set(messages) == {e.task_id for e in due}
+    for entry in due:
+        message = messages[entry.task_id]
+        assert message.task == TASK
+        assert message.args == entry.args
+        assert message.kwargs == entry.kwargs
+        assert message.replays == entry.replays + 1
+        assert message.priority == entry.options.get("priority", 0)
+    hdr = next(e for e in due if e.task_id.startswith("hdr"))
+    assert messages[hdr.task_id].headers["x-trace"] == "abc"
+    store = resilience.backout_store
+    assert store.count() == 2
+    assert {e.id for e in store.list()} == {e.id for e in later}
+    assert all(store.get(e.id) is None for e in due)
+    assert store.in_flight() == 0
+
+
+def test_drain_of_an_empty_store_does_nothing(
+    kind: str, make_resilience: MakeResilience, redis_client: redis.Redis, queue: str
+) -> None:
+    report = make_resilience(kind).drain()
+    assert report == DrainReport(duration=report.duration)
+    assert sent_count(redis_client, queue) == 0
+
+
+def test_limit_caps_the_number_replayed(
+    kind: str, make_resilience: MakeResilience, redis_client: redis.Redis, queue: str
+) -> None:
+    resilience = make_resilience(kind, drain_batch=4)
+    park(resilience, 10, queue)
+
+    report = resilience.drain(limit=7)
+
+    assert report.replayed == 7
+    assert sent_count(redis_client, queue) == 7
+    assert resilience.backout.count() == 3
+    assert report.skipped == 3
+
+
+# -- gating by the breaker -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["forced", "tripped"])
+def test_open_breaker_releases_nothing(
+    kind: str, how: str, make_resilience: MakeResilience, redis_client: redis.Redis, queue: str
+) -> None:
+    resilience = make_resilience(
+        kind, breakers={"dep": {"failure_threshold": 1, "open_timeout": 300.0}}
+    )
+    breaker = resilience.breaker("dep")
+    if how == "forced":
+        breaker.force_open()
+    else:
+        breaker.acquire().failure()
+    assert breaker.state == ("forced_open" if how == "forced" else "open")
+    park(resilience, 10, queue)
+
+    report = resilience.drain()
+
+    assert (report.replayed, report.skipped) == (0, 10)
+    assert report.breakers["dep"]["skipped"] == 10
+    assert sent_count(redis_client, queue) == 0
+    assert resilience.backout.count(breaker="dep", status="parked") == 10
+    assert resilience.backout_store.in_flight() == 0
+
+
+def test_half_open_breaker_releases_only_its_probe_permits(
+    kind: str, make_resilience: MakeResilience, redis_client: redis.Redis, queue: str
+) -> None:
+    resilience = make_resilience(
+        kind,
+        breakers={"dep": {"failure_threshold": 1, "open_timeout": 0.2, "half_open_max_calls": 2}},
+    )
+    breaker = resilience.breaker("dep")
+    breaker.acquire().failure()
+    assert breaker.state == "open"
+    park(resilience, 10, queue)
+    wait_for(lambda: breaker.state == "half_open")
+
+    report = resilience.drain()
+
+    assert (report.replayed, report.skipped) == (2, 8)
+    assert sent_count(redis_client, queue) == 2
+    assert resilience.backout.count() == 8
+
+
+def test_closed_breaker_drains_everything_in_batches_at_the_rate(
+    kind: str,
+    make_resilience: MakeResilience,
+    redis_client: redis.Redis,
+    queue: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given 300 entries, batches of 100 and 200 tasks/s: the first batch goes at once (a full
+    # bucket), each later one waits for 100 tokens, 0.5 s.
+    resilience = make_resilience(kind, drain_batch=100, drain_rate=200.0)
+    park(resilience, 300, queue)
+    store = resilience.backout_store
+    claims: list[int] = []
+    claim = store.claim
+
+    def counting_claim(*args: Any, **kwargs: Any) -> list[ParkedTask]:
+        claimed = claim(*args, **kwargs)
+        claims.append(len(claimed))
+        return claimed
+
+    monkeypatch.setattr(store, "claim", counting_claim)
+    spy = PublishSpy(monkeypatch)
+
+    report = resilience.drain()
+
+    assert report.replayed == 300
+    assert sorted(sent_ids(redis_client, queue)) == sorted(spy.task_ids)
+    assert len(set(spy.task_ids)) == 300
+    assert [n for n in claims if n] == [100, 100, 100]
+    first = spy.times[0]
+    assert spy.times[100] - first >= 0.45
+    assert spy.times[200] - first >= 0.95
+    assert report.duration >= 0.95
+    assert report.duration < 5.0
+    assert store.count() == 0
+
+
+def test_breaker_reopening_mid_drain_stops_it_within_one_batch(
+    kind: str,
+    make_resilience: MakeResilience,
+    redis_client: redis.Redis,
+    queue: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    resilience = make_resilience(kind, drain_batch=10)
+    park(resilience, 100, queue)
+    breaker = resilience.breaker("dep")
+
+    def reopen(published: int, entry: ParkedTask) -> None:
+        if published == 15:  # half-way through the second batch
+            breaker.force_open()
+
+    spy = PublishSpy(monkeypatch, reopen)
+
+    report = resilience.drain()
+
+    assert 15 <= len(spy.task_ids) <= 20
+    assert report.replayed == len(spy.task_ids) == sent_count(redis_client, queue)
+    assert resilience.backout.count() == 100 - report.replayed
+    assert report.skipped == 100 - report.replayed
+    assert resilience.backout_store.in_flight() == 0
+
+
+def test_entries_without_a_breaker_drain_without_gating(
+    kind: str, make_resilience: MakeResilience, redis_client: redis.Redis, queue: str
+) -> None:
+    resilience = make_resilience(kind)
+    resilience.breaker("dep").force_open()
+    free = park(resilience, 5, queue, breaker=None, tag="free")
+    held = park(resilience, 3, queue, tag="held")
+
+    report = resilience.drain()
+
+    assert (report.replayed, report.skipped) == (5, 3)
+    assert sorted(sent_ids(redis_client, queue)) == sorted(e.task_id for e in free)
+    assert {e.id for e in resilience.backout.list()} == {e.id for e in held}
+
+
+def test_draining_one_breaker_leaves_the_others(
+    kind: str, make_resilience: MakeResilience, redis_client: redis.Redis, queue: str
+) -> None:
+    resilience = make_resilience(kind)
+    mine = park(resilience, 4, queue, breaker="dep")
+    other = park(resilience, 3, queue, breaker="other", tag="other")
+    free = park(resilience, 2, queue, breaker=None, tag="free")
+
+    assert resilience.drain(breaker="dep").replayed == 4
+    assert resilience.drain(breaker="-").replayed == 2
+
+    assert sorted(sent_ids(redis_client, queue)) == sorted(e.task_id for e in mine + free)
+    assert {e.id for e in resilience.backout.list()} == {e.id for e in other}
+
+
+# -- entries that can't be replayed ------------------------------------------------------------
+
+
+def test_bad_entries_end_dead_and_never_stop_the_drain(
+    kind: str, make_resilience: MakeResilience, redis_client: redis.Redis, queue: str
+) -> None:
+    resilience = make_resilience(kind, max_replays=3, drain_batch=4)
+    store = resilience.backout_store
+    store._put_raw("corrupt", b"garbage", breaker="dep", parked_at=time.time() - 120)
+    (gone,) = park(resilience, 1, queue, task_name="t.gone", tag="gone")
+    (worn,) = park(resilience, 1, queue, replays=3, tag="worn")
+    (young,) = park(resilience, 1, queue, replays=2, tag="young")
+    good = park(resilience, 5, queue, tag="good")
+
+    report = resilience.drain()
+
+    assert (report.replayed, report.dead, report.errors) == (6, 3, 0)
+    published = {s.task_id: s for s in sent(redis_client, queue)}
+    assert set(published) == {e.task_id for e in [young, *good]}
+    assert published[young.task_id].replays == 3
+    dead = {e.id: e.dead_reason for e in resilience.backout.list(status="dead")}
+    assert dead == {"corrupt": "undecodable", gone.id: "unregistered", worn.id: "max_replays"}
+    assert resilience.backout.count(status="parked") == 0
+    assert resilience.backout.count(status="dead") == 3
+
+    again = resilience.drain()
+    assert (again.replayed, again.dead, again.skipped) == (0, 0, 0)
+    assert resilience.backout.count(status="dead") == 3
+
+
+def test_publish_refused_by_the_broker_leaves_the_rest_parked(
+    kind: str,
+    make_resilience: MakeResilience,
+    redis_client: redis.Redis,
+    queue: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    resilience = make_resilience(kind)
+    entries = park(resilience, 10, queue)
+
+    def refuse_third(published: int, entry: ParkedTask) -> None:
+        if published == 2:
+            raise ConnectionRefusedError("broker down")
+
+    spy = PublishSpy(monkeypatch, refuse_third)
+
+    report = resilience.drain()
+
+    assert (report.replayed, report.errors) == (2, 1)
+    assert sent_ids(redis_client, queue) == spy.task_ids == [e.task_id for e in entries[:2]]
+    store = resilience.backout_store
+    assert store.count(status="parked") == 8
+    assert {e.id for e in store.list()} == {e.id for e in entries[2:]}
+    assert store.in_flight() == 0
+    # Given back, due again a little later: an immediate drain does not hammer the broker.
+    now = resilience.now()
+    assert store.due("dep", now=now) == 0
+    assert store.due("dep", now=now + PUBLISH_RETRY_DELAY + 1) == 8
+
+
+# -- replay by hand ----------------------------------------------------------------------------
+
+
+def test_replay_publishes_now_whatever_the_breaker_says(
+    kind: str, make_resilience: MakeResilience, redis_client: redis.Redis, queue: str
+) -> None:
+    resilience = make_resilience(kind)
+    resilience.breaker("dep").force_open()
+    entry, other = park(resilience, 2, queue, replays=1, due_in=3600.0)
+
+    replayed = resilience.backout.replay(entry.id)
+
+    assert replayed == entry
+    (message,) = sent(redis_client, queue)
+    assert (message.task_id, message.args, message.replays) == (entry.task_id, entry.args, 2)
+    assert resilience.backout.get(entry.id) is None
+    assert resilience.backout.get(other.id) == other
+    with pytest.raises(KeyError):
+        resilience.backout.replay(entry.id)
+    with pytest.raises(KeyError):
+        resilience.backout.replay("no-such-entry")
+
+
+# -- one drainer at a time -----------------------------------------------------------------------
+
+
+def _drain_until_empty(resilience: Resilience, reports: list[DrainReport], stop: float) -> None:
+    while resilience.backout_store.count() and time.monotonic() < stop:
+        report = Drainer(resilience).run()
+        reports.append(report)
+        if report.locked:
+            time.sleep(0.005)
+
+
+def test_two_drains_at_once_never_publish_an_entry_twice(
+    kind: str,
+    make_resilience: MakeResilience,
+    redis_client: redis.Redis,
+    queue: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    first = make_resilience(kind, drain_batch=20)
+    second = make_resilience(kind, like=first, drain_batch=20)
+    entries = park(first, 150, queue)
+    spy = PublishSpy(monkeypatch, lambda n, entry: time.sleep(0.001))
+    reports: list[list[DrainReport]] = [[], []]
+    stop = time.monotonic() + 10.0
+    start = threading.Barrier(2)
+
+    def run(resilience: Resilience, mine: list[DrainReport]) -> None:
+        start.wait()
+        _drain_until_empty(resilience, mine, stop)
+
+    threads = [
+        threading.Thread(target=run, args=(r, mine))
+        for r, mine in zip((first, second), reports, strict=True)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    ledger = sent_ids(redis_client, queue)
+    assert len(ledger) == len(set(ledger)) == 150
+    assert sorted(spy.task_ids) == sorted(ledger) == sorted(e.task_id for e in entries)
+    every = reports[0] + reports[1]
+    assert any(r.locked for r in every)
+    assert all(r.replayed == 0 for r in every if r.locked)
+    assert sum(r.replayed for r in every) == 150
+    assert first.backout.count() == 0
+
+
+def test_claims_are_exclusive_even_without_the_drain_lock(
+    kind: str,
+    make_resilience: MakeResilience,
+    redis_client: redis.Redis,
+    queue: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The lease alone keeps two drainers apart (the lock only keeps them from both trying).
+    first = make_resilience(kind, drain_batch=10)
+    second = make_resilience(kind, like=first, drain_batch=10)
+    park(first, 150, queue)
+    monkeypatch.setattr(drain, "drain_lock", _no_lock)
+    PublishSpy(monkeypatch, lambda n, entry: time.sleep(0.001))
+    reports: list[list[DrainReport]] = [[], []]
+    stop = time.monotonic() + 10.0
+    threads = [
+        threading.Thread(target=_drain_until_empty, args=(r, mine, stop))
+        for r, mine in zip((first, second), reports, strict=True)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    ledger = sent_ids(redis_client, queue)
+    assert len(ledger) == len(set(ledger)) == 150
+    assert all(sum(r.replayed for r in mine) > 0 for mine in reports)  # both really drained
+
+
+class _no_lock:  # noqa: N801 - stands in for the ``drain_lock`` context manager
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def __enter__(self) -> object:
+        return object()
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def test_replay_waits_for_a_running_drain(
+    make_resilience: MakeResilience,
+    redis_client: redis.Redis,
+    queue: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    resilience = make_resilience("redis", drain_batch=5)
+    entries = park(resilience, 20, queue)
+    started = threading.Event()
+
+    def slow(published: int, entry: ParkedTask) -> None:
+        started.set()
+        time.sleep(0.01)
+
+    PublishSpy(monkeypatch, slow)
+    runner = threading.Thread(target=resilience.drain)
+    runner.start()
+    assert started.wait(5.0)
+    # The last entry is still parked or claimed by the drain: replay waits, then finds it gone.
+    with pytest.raises(KeyError):
+        resilience.backout.replay(entries[-1].id)
+    runner.join()
+    ledger = sent_ids(redis_client, queue)
+    assert len(ledger) == len(set(ledger)) == 20
+
+
+# -- the drain task ------------------------------------------------------------------------------
+
+
+def test_drain_task_is_registered_and_scheduled_by_beat(
+    make_resilience: MakeResilience, redis_client: redis.Redis, queue: str
+) -> None:
+    resilience = make_resilience("redis")
+    app = resilience.app
+    assert "celery_resilience.drain" in app.tasks
+    schedule = resilience.beat_schedule(every=5)
+    assert schedule["task"] == "celery_resilience.drain"
+    assert schedule["schedule"] == 5
+    park(resilience, 3, queue)
+    park(resilience, 2, queue, breaker="other", tag="other")
+
+    result = app.tasks["celery_resilience.drain"].apply(kwargs={"breaker": "dep"}).get()
+
+    assert result["replayed"] == 3
+    assert result["locked"] is False
+    assert sent_count(redis_client, queue) == 3
+    assert resilience.backout.count(breaker="other") == 2
+
