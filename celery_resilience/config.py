@@ -31,6 +31,27 @@ _COUNTDOWN_SAFETY = 0.9
 
 T = TypeVar("T")
 
+#: Every setting read from ``app.conf`` (each prefixed ``resilience_``; Django:
+#: ``CELERY_RESILIENCE_<NAME>``). The configuration reference documents exactly these.
+SETTINGS = (
+    "redis_url",
+    "key_prefix",
+    "redis_timeout",
+    "on_redis_error",
+    "breakers",
+    "breaker_defaults",
+    "max_countdown",
+    "max_deliveries",
+    "dedup_ttl",
+    "serializer",
+    "drain_batch",
+    "drain_rate",
+    "max_replays",
+    "dead_ttl",
+    "backout_max_entries",
+    "backout_store",
+)
+
 
 @dataclass(frozen=True)
 class BreakerConfig:
@@ -101,6 +122,7 @@ class ResilienceConfig:
         """Read and validate every setting of ``conf`` (anything with ``.get(name, default)``)."""
 
         def get(name: str, default: Any = None) -> Any:
+            assert name in SETTINGS, f"resilience_{name} is read but not listed in SETTINGS"
             return conf.get(f"resilience_{name}", default)
 
         defaults = _breaker_config(

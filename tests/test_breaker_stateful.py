@@ -78,7 +78,9 @@ class BreakerAgreement(RuleBasedStateMachine):
     def record(self, index: int, success: bool, deferred: int) -> None:
         kind, permit_id = self.permits.pop(index % len(self.permits))
         args = (self.limits, kind, permit_id, success, deferred)
-        expected = model.record(self.state, self.limits, self.now, kind, permit_id, success, deferred)
+        expected = model.record(
+            self.state, self.limits, self.now, kind, permit_id, success, deferred
+        )
         assert self.redis_store.record(self.name, *args, now_us=self.now) == expected
         assert self.memory_store.record(self.name, *args) == expected
         event(f"record: {kind} -> {expected.transition}")

@@ -433,6 +433,26 @@ def test_bad_entries_end_dead_and_never_stop_the_drain(
     assert resilience.backout.count(status="dead") == 3
 
 
+def test_entry_whose_args_no_longer_fit_the_task_ends_dead(
+    kind: str, make_resilience: MakeResilience, redis_client: redis.Redis, queue: str
+) -> None:
+    # Celery checks args against the signature before publishing: that entry can never be
+    # published, so it must not hold back the ones behind it on every drain.
+    resilience = make_resilience(kind, drain_batch=3)
+    before = park(resilience, 2, queue, tag="before")
+    (misfit,) = park(resilience, 1, queue, kwargs={"no_such_arg": 1}, tag="misfit")
+    after = park(resilience, 4, queue, tag="after")
+
+    report = resilience.drain()
+
+    assert (report.replayed, report.dead, report.errors) == (6, 1, 0)
+    assert sorted(sent_ids(redis_client, queue)) == sorted(e.task_id for e in before + after)
+    kept = resilience.backout.get(misfit.id)
+    assert kept is not None
+    assert kept.status == "dead"
+    assert kept.dead_reason
+
+
 def test_publish_refused_by_the_broker_leaves_the_rest_parked(
     kind: str,
     make_resilience: MakeResilience,
@@ -484,6 +504,19 @@ def test_replay_publishes_now_whatever_the_breaker_says(
         resilience.backout.replay(entry.id)
     with pytest.raises(KeyError):
         resilience.backout.replay("no-such-entry")
+
+
+def test_replay_of_an_unregistered_task_refuses_and_keeps_the_entry(
+    kind: str, make_resilience: MakeResilience, redis_client: redis.Redis, queue: str
+) -> None:
+    resilience = make_resilience(kind)
+    (entry,) = park(resilience, 1, queue, task_name="t.gone")
+
+    with pytest.raises((KeyError, ValueError)):
+        resilience.backout.replay(entry.id)
+
+    assert resilience.backout.get(entry.id) == entry
+    assert sent_count(redis_client, queue) == 0
 
 
 # -- one drainer at a time -----------------------------------------------------------------------
@@ -599,6 +632,42 @@ def test_replay_waits_for_a_running_drain(
     runner.join()
     ledger = sent_ids(redis_client, queue)
     assert len(ledger) == len(set(ledger)) == 20
+
+
+def test_pacing_longer_than_the_lease_neither_duplicates_nor_crashes(
+    make_resilience: MakeResilience,
+    redis_client: redis.Redis,
+    queue: str,
+) -> None:
+    # Given batches of 5 at 5 tasks/s, a batch waits 1 s for its tokens: twice the lease. The
+    # wait must not eat the lease of claimed entries, nor let the drain lock expire so that a
+    # second drainer claims them again (a plausible setup: a fragile dependency at 1 task/s
+    # with the default batch of 100 and lease of 60 s).
+    first = make_resilience("redis", drain_batch=5, drain_rate=5.0)
+    second = make_resilience("redis", drain_batch=5, drain_rate=5.0)
+    park(first, 15, queue)
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["report"] = Drainer(first, lease=0.5).run()
+        except Exception as exc:
+            outcome["error"] = exc
+
+    runner = threading.Thread(target=run)
+    runner.start()
+    late: list[DrainReport] = []
+    while runner.is_alive():  # a second drainer keeps trying while the first one waits
+        late.append(Drainer(second, lease=0.5).run())
+        time.sleep(0.05)
+    runner.join()
+
+    assert "error" not in outcome, outcome.get("error")
+    assert outcome["report"].replayed == 15
+    assert all(r.locked for r in late)
+    ledger = sent_ids(redis_client, queue)
+    assert len(ledger) == len(set(ledger)) == 15
+    assert first.backout.count() == 0
 
 
 # -- the drain task ------------------------------------------------------------------------------
