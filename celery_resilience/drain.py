@@ -130,7 +130,10 @@ class Drainer:
     def run(self, breaker: str | None = None, limit: int | None = None) -> DrainReport:
         started = time.monotonic()
         report = DrainReport()
-        with drain_lock(self.resilience, self.lease) as lock:
+        # Renewed after every batch; the next one may first wait drain_batch / drain_rate for
+        # its tokens, and must then still be published within the lease.
+        lock_ttl = self.lease + self.config.drain_batch / self.config.drain_rate
+        with drain_lock(self.resilience, lock_ttl) as lock:
             if lock is None:
                 report.locked = True
                 logger.info("Drain skipped: another drain is running")
@@ -183,10 +186,15 @@ class Drainer:
             for cap in (allowance, None if limit is None else limit - released):
                 if cap is not None:
                     want = min(want, cap)
+            due = self.store.due(name)
+            if not due:
+                break  # nothing to wait for tokens for
+            want = min(want, due)
+            # Pace before claiming, so the wait never eats the lease of claimed entries.
+            self.bucket.take(want)
             claimed = self.store.claim(name, want, self.lease)
             if not claimed:
                 break
-            self.bucket.take(len(claimed))  # paces publishing; waits only for real work
             published, dead = self._publish_batch(name, claimed, report)
             released += published
             stats["replayed"] += published
@@ -239,8 +247,8 @@ class Drainer:
         return len(published), dead
 
     def _dead_reason(self, entry: ParkedTask) -> str | None:
-        if entry.dead_reason == "undecodable":
-            return "undecodable"
+        if entry.status == "dead" or entry.dead_reason:
+            return entry.dead_reason or "undecodable"  # undecodable, or unreadable metadata
         if entry.task_name not in self.resilience.app.tasks:
             return "unregistered"
         if entry.replays >= self.config.max_replays:

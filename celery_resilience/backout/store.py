@@ -28,6 +28,8 @@ from .entry import (
 #: them as ``None``; ``breakers()`` lists the group as ``NO_BREAKER`` and the ``breaker`` filter
 #: of ``count``/``list``/``purge`` accepts it (``breaker=None`` there means "any breaker").
 NO_BREAKER = "-"
+#: Dead reason of an entry whose metadata this release can't read.
+UNREADABLE_META = "unreadable_meta"
 
 
 class StoreFull(ResilienceError):
@@ -134,10 +136,14 @@ class Meta:
 
     @classmethod
     def decode(cls, text: str | bytes) -> Meta:
-        raw = text.decode() if isinstance(text, bytes) else text
-        status, reason, dead_reason, breaker = raw.split("|", 3)
+        raw = text.decode(errors="replace") if isinstance(text, bytes) else text
+        parts = raw.split("|", 3)
+        if len(parts) != 4:
+            return cls(NO_BREAKER, "dead", "park_on", UNREADABLE_META)
+        status, reason, dead_reason, breaker = parts
         if status not in STATUSES or reason not in REASONS:
-            raise ValueError(f"bad back-out metadata {raw!r}")
+            # Written by another release or by hand: quarantined, never a reason to stop a drain.
+            return cls(breaker, "dead", reason if reason in REASONS else "park_on", UNREADABLE_META)
         return cls(breaker, status, reason, dead_reason or None)
 
     @property

@@ -1,0 +1,249 @@
+"""The drain under crashes: a drainer killed with -9 mid-batch, a Redis restarted mid-drain.
+
+Each test keeps a ledger, the task ids found in the broker queue: every parked entry must be
+published at least once (none lost), none published more than one batch over, and the store
+must end empty. Entries are parked straight into the store; no worker runs.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+
+from celery_resilience import ParkedTask, Resilience, drain
+from celery_resilience.drain import Drainer, DrainReport
+from celery_resilience.errors import StoreUnavailable
+from tests.redis_server import RedisServer
+from tests.test_drain import TASK, charge, park, queue_keys, sent_count, sent_ids
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parent.parent
+LEASE = 2.0  # seconds: claimed entries of a dead drainer are due again this soon
+BATCH = 50
+
+
+def make_resilience(
+    broker_url: str, prefix: str, queue: str, store_url: str | None = None, **settings: Any
+) -> Resilience:
+    """An app with ``TASK`` and its installed ``Resilience`` (store on ``store_url``)."""
+    app = Celery("chaos", broker=broker_url, set_as_current=False)
+    app.conf.task_default_queue = queue
+    app.conf.resilience_key_prefix = prefix
+    app.conf.resilience_drain_batch = BATCH
+    app.conf.resilience_drain_rate = 100_000.0
+    if store_url is not None:
+        app.conf.resilience_redis_url = store_url
+    app.conf.update({f"resilience_{name}": value for name, value in settings.items()})
+    app.task(name=TASK)(charge)
+    return Resilience.install(app, Resilience(app))
+
+
+def slowed_publish(seconds: float) -> Callable[..., None]:
+    """``drain.publish`` taking ``seconds`` longer each time (a slow broker)."""
+    original = drain.publish
+
+    def slow(resilience: Resilience, entry: ParkedTask, producer: Any = None) -> None:
+        time.sleep(seconds)
+        original(resilience, entry, producer)
+
+    return slow
+
+
+def drain_in_child(broker_url: str, prefix: str, queue: str) -> None:
+    """The drainer the test kills: one run, 20 ms a publish, ``LEASE`` lease."""
+    resilience = make_resilience(broker_url, prefix, queue)
+    drain.publish = slowed_publish(0.02)  # type: ignore[assignment]
+    Drainer(resilience, lease=LEASE).run()
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.005)
+
+
+def drain_until(
+    resilience: Resilience, done: Callable[[], bool], timeout: float
+) -> list[DrainReport]:
+    """Drain again and again (a beat would) until ``done()``; waits out a dead drainer's lock."""
+    reports: list[DrainReport] = []
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < deadline, f"drain did not finish: {reports[-3:]}"
+        report = Drainer(resilience, lease=LEASE).run()
+        reports.append(report)
+        if report.locked or not report.replayed:
+            time.sleep(0.1)
+    return reports
+
+
+def restart_during(
+    server: RedisServer, how: str, work: Callable[[], Any], when: Callable[[], bool]
+) -> dict[str, Any]:
+    """Run ``work`` in a thread; restart ``server`` (``how``: sigterm or sigkill) at ``when()``.
+
+    Returns ``{"result": ...}`` or ``{"error": exception}``: Redis may go away under the work.
+    """
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["result"] = work()
+        except Exception as exc:
+            outcome["error"] = exc
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    try:
+        wait_for(when, 20.0, "the work to be half done")
+        if how == "sigterm":
+            server.stop()
+        else:
+            server.kill()
+        server.start()
+    finally:
+        worker.join(30.0)
+    assert not worker.is_alive()
+    return outcome
+
+
+@pytest.fixture
+def queue(redis_client: redis.Redis) -> Iterator[str]:
+    name = f"drain-chaos-{uuid.uuid4().hex[:12]}"
+    yield name
+    redis_client.delete(*queue_keys(redis_client, name), f"_kombu.binding.{name}".encode())
+
+
+def test_drainer_killed_mid_batch_loses_nothing(
+    redis_url: str, key_prefix: str, queue: str, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    resilience = make_resilience(redis_url, key_prefix, queue)
+    entries = park(resilience, 200, queue)
+    store = resilience.backout_store
+    log = tmp_path / "child.log"
+    code = (
+        "import sys; from tests.test_drain_chaos import drain_in_child; "
+        "drain_in_child(*sys.argv[1:])"
+    )
+    with open(log, "wb") as out:
+        child = subprocess.Popen(
+            [sys.executable, "-c", code, redis_url, key_prefix, queue],
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        # When it is 20 publishes into its second batch of 50 ...
+        wait_for(
+            lambda: sent_count(redis_client, queue) >= BATCH + 20 or child.poll() is not None,
+            timeout=30.0,
+            what="the child to publish",
+        )
+        assert child.poll() is None, log.read_text()
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(10.0)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert child.returncode == -signal.SIGKILL
+    at_kill = sent_count(redis_client, queue)
+    assert BATCH + 20 <= at_kill < 2 * BATCH
+
+    # ... the dead drainer's batch stays claimed, and its lock held, until they expire.
+    assert store.in_flight() == BATCH
+    assert Drainer(resilience, lease=LEASE).run().locked
+    assert store.count() == 200 - BATCH
+
+    reports = drain_until(resilience, lambda: store.count() == 0, timeout=20.0)
+
+    assert sum(r.replayed for r in reports) == 200 - BATCH
+    ledger = sent_ids(redis_client, queue)
+    assert set(ledger) == {e.task_id for e in entries}
+    duplicates = len(ledger) - len(set(ledger))
+    assert duplicates == at_kill - BATCH  # the part of the dead batch it had published
+    assert max(Counter(ledger).values()) == 2
+    assert store.count() == 0
+    assert store.in_flight() == 0
+
+
+@pytest.mark.parametrize("how", ["sigterm", "sigkill"])
+def test_store_and_breakers_survive_a_redis_restart_mid_drain(
+    how: str,
+    redis_url: str,
+    queue: str,
+    redis_client: redis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    batch = 20
+    with RedisServer(appendonly=True) as server:
+        # Given a store and breakers on a Redis with AOF (fsync always); the broker elsewhere.
+        resilience = make_resilience(
+            redis_url,
+            "chaos",
+            queue,
+            store_url=server.url,
+            drain_batch=batch,
+            breakers={"down": {"failure_threshold": 2, "open_timeout": 300.0}},
+        )
+        store = resilience.backout_store
+        down, held = resilience.breaker("down"), resilience.breaker("held")
+        for _ in range(2):
+            down.acquire().failure()
+        held.force_open()
+        before = {name: resilience.breaker(name).snapshot() for name in ("down", "held")}
+        assert before["down"]["state"] == "open"
+        assert before["down"]["opened_total"] == 1
+        assert before["held"]["state"] == "forced_open"
+        dep = park(resilience, 200, queue, breaker="dep")
+        stuck = park(resilience, 10, queue, breaker="down", tag="down")
+        monkeypatch.setattr(drain, "publish", slowed_publish(0.005))
+
+        # When Redis restarts while a drain is publishing ...
+        outcome = restart_during(
+            server,
+            how,
+            lambda: Drainer(resilience, lease=LEASE).run(),
+            lambda: sent_count(redis_client, queue) >= 2 * batch,
+        )
+        if "error" in outcome:  # the drain may stop at the outage: only a Redis error then
+            assert isinstance(outcome["error"], (StoreUnavailable, redis.RedisError))
+
+        # ... the parked entries and the breakers' state are all still there,
+        assert store.count(breaker="down", status="parked") == 10
+        for name in ("down", "held"):
+            after = resilience.breaker(name).snapshot()
+            assert after["state"] == before[name]["state"]
+            assert after["opened_total"] == before[name]["opened_total"]
+            assert after["opened_at"] == before[name]["opened_at"]
+        left = {e.task_id for e in store.list(breaker="dep", limit=1000)}
+        published = set(sent_ids(redis_client, queue))
+        assert {e.task_id for e in dep} <= left | published  # none lost so far
+
+        # and a drain after it finishes the work.
+        drain_until(resilience, lambda: store.count(breaker="dep") == 0, timeout=20.0)
+        assert store.count(breaker="down") == 10  # still held back by its open breaker
+        down.reset()
+        drain_until(resilience, lambda: store.count() == 0, timeout=20.0)
+
+        ledger = sent_ids(redis_client, queue)
+        assert set(ledger) == {e.task_id for e in dep + stuck}
+        assert len(ledger) - len(set(ledger)) <= batch
+        assert store.count() == 0
+        assert store.in_flight() == 0
+        assert resilience.breaker("held").state == "forced_open"
