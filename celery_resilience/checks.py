@@ -68,7 +68,9 @@ def _settings(resilience: Resilience) -> list[Finding]:
             )
         )
     for name, task in sorted(resilience.app.tasks.items()):
-        if isinstance(task, ResilientTask) and not _acks_late(task, conf):
+        if not isinstance(task, ResilientTask):
+            continue
+        if not _acks_late(task, conf):
             findings.append(
                 Finding(
                     "warning",
@@ -76,11 +78,25 @@ def _settings(resilience: Resilience) -> list[Finding]:
                     "loses it. Set acks_late=True (and task_reject_on_worker_lost=True).",
                 )
             )
+        elif not _reject_on_worker_lost(task, conf):
+            findings.append(
+                Finding(
+                    "warning",
+                    f"{name} has acks_late but not reject_on_worker_lost: a pool child killed "
+                    "mid-task acks and fails it. Set task_reject_on_worker_lost=True (the "
+                    "redelivery guard, resilience_max_deliveries, stops crash loops).",
+                )
+            )
     return findings
 
 
 def _acks_late(task: Any, conf: Any) -> bool:
     return bool(task.acks_late if task.acks_late is not None else conf.task_acks_late)
+
+
+def _reject_on_worker_lost(task: Any, conf: Any) -> bool:
+    own = task.reject_on_worker_lost
+    return bool(own if own is not None else conf.task_reject_on_worker_lost)
 
 
 def _redis(client: redis.Redis) -> list[Finding]:

@@ -87,6 +87,14 @@ def publish(resilience: Resilience, entry: ParkedTask, producer: Any = None) -> 
     )
 
 
+def check_arguments(resilience: Resilience, entry: ParkedTask) -> None:
+    """Celery's own check of args against the task's signature (``TypeError`` if they don't fit)."""
+    task = resilience.app.tasks[entry.task_name]
+    header = getattr(task, "__header__", None)
+    if header is not None and getattr(task, "typing", True):
+        header(*entry.args, **entry.kwargs)
+
+
 @contextmanager
 def drain_lock(resilience: Resilience, lease: float, wait: float = 0.0) -> Iterator[Any]:
     """The one-drainer-at-a-time lock; yields ``None`` when someone else holds it."""
@@ -224,12 +232,16 @@ class Drainer:
                     dead += 1
                     continue
                 try:
-                    publish(self.resilience, entry, producer)
-                except TypeError as exc:  # Celery's check of the args against the signature
+                    check_arguments(self.resilience, entry)
+                except TypeError as exc:  # the args no longer fit the task's signature
                     self.store.mark_dead(entry.id, "bad_arguments")
                     logger.error("Entry %s (%s) is dead: %s", entry.id, entry.task_name, exc)
                     dead += 1
                     continue
+                # Announced before the publish, so the worker's events come after it in Flower.
+                events.replayed(entry)
+                try:
+                    publish(self.resilience, entry, producer)
                 except Exception:
                     logger.exception("Publishing %s[%s] failed", entry.task_name, entry.task_id)
                     report.errors += 1
@@ -240,7 +252,6 @@ class Drainer:
                     report.dead += dead
                     return len(published), dead
                 published.append(entry.id)
-                events.replayed(entry)
         self.store.ack(published)
         report.replayed += len(published)
         report.dead += dead
@@ -270,11 +281,12 @@ def replay(resilience: Resilience, entry_id: str) -> ParkedTask:
         if entry.task_name not in resilience.app.tasks:
             raise ValueError(f"task {entry.task_name!r} is not registered in this app")
         try:
-            publish(resilience, entry)
+            check_arguments(resilience, entry)
         except TypeError as exc:  # the args no longer fit the task's signature
             raise ValueError(f"arguments don't fit {entry.task_name}: {exc}") from exc
         with replay_dispatcher(resilience.app) as events:
             events.replayed(entry)
+        publish(resilience, entry)
         store.delete(entry_id)
         store.bump({f"replayed|{_internal(entry.breaker or NO_BREAKER)}": 1})
     logger.warning("Replayed %s[%s] (entry %s)", entry.task_name, entry.task_id, entry_id)

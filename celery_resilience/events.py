@@ -72,7 +72,15 @@ class ReplayEvents:
 
 @contextmanager
 def replay_dispatcher(app: Any, hostname: str | None = None) -> Iterator[ReplayEvents]:
-    """A dispatcher for a batch of replays; monitoring trouble never stops a drain."""
+    """A dispatcher for a batch of replays; monitoring trouble never stops a drain.
+
+    Inside a task (the beat-driven drain runs in a worker) it speaks with the worker's own
+    hostname: Flower takes the sender of a task event for a worker.
+    """
+    if hostname is None:
+        from celery import current_task
+
+        hostname = getattr(getattr(current_task, "request", None), "hostname", None)
     try:
         dispatcher = app.events.default_dispatcher(hostname=hostname)
         opened = dispatcher.__enter__()

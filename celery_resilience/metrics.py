@@ -80,7 +80,9 @@ class ResilienceCollector:
             "Entries in the back-out store",
             labels=["breaker", "status"],
         )
-        for breaker in sorted(store.breakers()):
+        # Known breakers and "no breaker" too, so that an emptied group reads 0, not "no data".
+        names = store.breakers() | set(self.resilience.breaker_names()) | {NO_BREAKER}
+        for breaker in sorted(names):
             for status in STATUSES:
                 entries.add_metric([_label(breaker), status], store.count(breaker, status))
         yield entries

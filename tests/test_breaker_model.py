@@ -313,26 +313,31 @@ def test_reset_ends_forced_open() -> None:
 
 
 # -- deferred successes -------------------------------------------------------------------
-def test_deferred_successes_on_acquire_reset_consecutive_failures() -> None:
+def test_deferred_successes_count_in_the_window_but_end_no_streak_of_failures() -> None:
+    # They may be older than failures other processes recorded meanwhile.
     b = Pinned(failure_threshold=3)
     b.fail(2)
     b.acquire(deferred=1)
-    assert b.snapshot()["consecutive_failures"] == 0
+    snap = b.snapshot()
+    assert (snap["consecutive_failures"], snap["window_calls"]) == (2, 3)
+    b.fail(1)
+    assert b.state.state == "open"
+
+
+def test_a_success_recorded_at_once_ends_the_streak() -> None:
+    b = Pinned(failure_threshold=3)
+    b.fail(2)
+    b.record(b.permit(), True)
     b.fail(2)
     assert b.state.state == "closed"
 
 
-def test_deferred_successes_are_counted_before_the_failure_that_carries_them() -> None:
+def test_deferred_successes_are_counted_with_the_failure_that_carries_them() -> None:
     b = Pinned(failure_threshold=3)
     b.fail(2)
     change = b.record(b.permit(), False, deferred=2)
-    assert change == Change("closed", None)  # 2 successes, then this one failure
-    snap = b.snapshot()
-    assert (snap["consecutive_failures"], snap["window_calls"], snap["window_failures"]) == (
-        1,
-        5,
-        3,
-    )
+    assert change == Change("open", "opened")  # the streak went on: 3 failures
+    assert b.state.totals["calls_total"] == 5
 
 
 def test_deferred_successes_arriving_while_open_count_only_in_the_totals() -> None:

@@ -220,12 +220,16 @@ def acquire(
 
 
 def apply_deferred(s: BreakerState, lim: Limits, now: int, successes: int) -> None:
-    """Successes of normal permits that a process held back to save round trips."""
+    """Successes of normal permits that a process held back to save round trips.
+
+    They count in the window and the totals but do not end a streak of failures: they happened
+    before this moment, possibly before failures other processes recorded meanwhile. A success
+    recorded at once (a probe, or the one a process sends each ``FLUSH_INTERVAL``) does.
+    """
     if successes > 0:
         _count(s, successes, 0)
         if s.state in ("closed", "forced_closed"):
             _add_to_window(s, lim, now, successes, 0)
-            s.consecutive_failures = 0
 
 
 def record(

@@ -100,13 +100,13 @@ local function count(calls, failures)
   incr('successes_total', calls - failures)
 end
 
--- Successes of normal permits that a process held back to save round trips.
+-- Successes of normal permits that a process held back to save round trips: counted, but
+-- they end no streak of failures (they may be older than failures recorded meanwhile).
 local function apply_deferred(successes)
   if successes > 0 then
     count(successes, 0)
     if state() == 'closed' or state() == 'forced_closed' then
       add_to_window(successes, 0)
-      put('consec', 0)
     end
   end
 end

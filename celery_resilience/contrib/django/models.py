@@ -1,0 +1,66 @@
+"""Tables of the database back-out store (``store.py``), and the admin's configured-store page.
+
+Times are float epoch seconds, as in the other stores: they round-trip exactly and the claim
+query compares them as numbers. ``payload`` holds the bytes of ``backout.entry.encode``, so an
+entry whose bytes can't be decoded behaves exactly as in the Redis and memory stores; the other
+columns are what filters, claims and the admin need without decoding it.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+
+from ...backout.entry import REASONS, STATUSES
+
+
+class ParkedTaskRecord(models.Model):  # type: ignore[misc]  # Django is untyped here
+    """One parked task. ``breaker`` is ``"-"`` for entries without one (the store convention)."""
+
+    id = models.CharField("entry id", max_length=32, primary_key=True)
+    task_name = models.CharField(max_length=255)
+    task_id = models.CharField(max_length=255, db_index=True)
+    breaker = models.CharField(max_length=200, db_index=True)
+    reason = models.CharField(max_length=32, choices=[(r, r.replace("_", " ")) for r in REASONS])
+    status = models.CharField(max_length=16, choices=[(s, s) for s in STATUSES])
+    dead_reason = models.CharField(max_length=200, blank=True, default="")
+    parked_at = models.FloatField(db_index=True, help_text="epoch seconds")
+    #: When a drain may replay it; while claimed, the end of the drain's lease.
+    due_at = models.FloatField(db_index=True, help_text="epoch seconds")
+    lease_until = models.FloatField(null=True, blank=True, help_text="epoch seconds")
+    died_at = models.FloatField(null=True, blank=True, help_text="epoch seconds")
+    payload = models.BinaryField()
+
+    class Meta:
+        verbose_name = "parked task record"
+        verbose_name_plural = "parked task records (database store)"
+
+    def __str__(self) -> str:
+        return f"{self.task_name}[{self.task_id}] ({self.id})"
+
+
+class ResilienceStat(models.Model):  # type: ignore[misc]
+    """A monotonic counter of ``stats``/``bump``; rows named ``lock|...`` are the store's locks."""
+
+    name = models.CharField(max_length=255, primary_key=True)
+    value = models.FloatField(default=0.0)
+
+    class Meta:
+        verbose_name = "resilience counter"
+
+    def __str__(self) -> str:
+        return f"{self.name} = {self.value:g}"
+
+
+class StoreEntry(models.Model):  # type: ignore[misc]
+    """No table: gives the admin's page of the app's configured store a place and permissions.
+
+    The page (``admin_store.py``) reads the store through ``Resilience.for_app(app).backout``,
+    so it works for Redis, the database store or any other.
+    """
+
+    id = models.CharField("entry id", max_length=64, primary_key=True)
+
+    class Meta:
+        managed = False
+        verbose_name = "parked task"
+        verbose_name_plural = "parked tasks (configured store)"

@@ -1,0 +1,340 @@
+"""The back-out store in a Django database: ``resilience_backout_store = "django"``.
+
+Same contract as the Redis store (``tests/test_backout_store.py`` runs on SQLite and
+PostgreSQL). How the Redis store's atomic scripts map onto the ORM:
+
+- ``park`` counts and inserts under a lock row (a ``ResilienceStat`` named ``lock|park``,
+  taken by *writing* it: a row lock on PostgreSQL and MySQL, SQLite's write lock at once, so a
+  deferred SQLite transaction never has to upgrade a read lock). ``max_entries`` holds under
+  concurrency; parks are serialized, as they are in Redis.
+- ``claim`` selects due rows ``FOR UPDATE SKIP LOCKED`` where the database has it: two drainers
+  never claim the same row. Elsewhere (SQLite) claims take the ``lock|claim`` row first.
+- Everything else is one UPDATE or DELETE statement.
+
+Time: the database's clock can't be read portably through the ORM, so leases, due times and
+``dead_ttl`` use this process's ``time.time()``; keep the clocks of hosts that drain in sync.
+"""
+
+from __future__ import annotations
+
+import builtins
+import time
+from collections.abc import Collection, Iterator, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, cast
+
+from django.db import IntegrityError, InterfaceError, OperationalError, connections
+from django.db import transaction
+from django.db.models import F
+
+from ...backout.entry import UNDECODABLE_TASK, ParkedTask, Reason, Status, decode, encode
+from ...backout.entry import UndecodableEntry, store_accept
+from ...backout.store import (
+    Meta,
+    StoreFull,
+    breaker_key,
+    check_dead_reason,
+    check_filters,
+    check_page,
+    read_entry,
+)
+from ...errors import ConfigurationError, StoreUnavailable
+
+if TYPE_CHECKING:
+    from ...resilience import Resilience
+
+APP = "celery_resilience.contrib.django"
+#: Stat rows with this prefix are locks, not counters: ``stats()`` leaves them out.
+LOCK_PREFIX = "lock|"
+#: Ids per statement in ``ack``/``release`` (well under every backend's parameter limit).
+_CHUNK = 500
+_COLUMNS = ("id", "payload", "breaker", "status", "reason", "dead_reason", "parked_at")
+
+
+@contextmanager
+def _reachable() -> Iterator[None]:
+    """Connection trouble becomes ``StoreUnavailable``: parking then keeps the message."""
+    try:
+        yield
+    except (OperationalError, InterfaceError) as exc:
+        raise StoreUnavailable(f"back-out store unreachable: {exc}") from exc
+
+
+class DjangoBackoutStore:
+    """Parked tasks in the ``ParkedTaskRecord`` table of database ``using``."""
+
+    def __init__(
+        self,
+        serializer: str = "json",
+        accept: Collection[str] | None = None,
+        max_entries: int = 1_000_000,
+        dead_ttl: float | None = None,
+        using: str = "default",
+    ) -> None:
+        from django.apps import apps
+
+        if not apps.ready or not apps.is_installed(APP):
+            raise ConfigurationError(
+                f"resilience_backout_store='django' needs {APP!r} in INSTALLED_APPS "
+                "and Django set up (django.setup()) before the store is used"
+            )
+        from .models import ParkedTaskRecord, ResilienceStat
+
+        self.serializer = serializer
+        self.accept = store_accept(serializer, accept)
+        self.max_entries = max_entries
+        self.dead_ttl = dead_ttl
+        self.using = using
+        self._model = ParkedTaskRecord
+        self._stat = ResilienceStat
+
+    def _rows(self) -> Any:
+        return self._model.objects.using(self.using)
+
+    def _filtered(self, breaker: str | None, status: str | None, reason: str | None) -> Any:
+        rows = self._rows()
+        if breaker is not None:
+            rows = rows.filter(breaker=breaker)
+        if status is not None:
+            rows = rows.filter(status=status)
+        if reason is not None:
+            rows = rows.filter(reason=reason)
+        return rows
+
+    # -- writes ---------------------------------------------------------------------------
+
+    def park(self, entry: ParkedTask) -> None:
+        data = encode(entry, self.serializer)
+        meta = Meta.of(entry)
+        with _reachable(), transaction.atomic(using=self.using):
+            self._lock("park")
+            rows = self._rows()
+            if rows.filter(pk=entry.id).exists():
+                return
+            if rows.count() >= self.max_entries:
+                raise StoreFull(self.max_entries, entry.id)
+            rows.create(
+                id=entry.id,
+                task_name=entry.task_name,
+                task_id=entry.task_id,
+                breaker=meta.breaker,
+                reason=meta.reason,
+                status=meta.status,
+                dead_reason=meta.dead_reason or "",
+                parked_at=entry.parked_at,
+                due_at=entry.due_at,
+                died_at=time.time() if meta.status == "dead" else None,
+                payload=data,
+            )
+            self._add(f"parked|{meta.breaker}|{meta.reason}", 1)
+
+    def _lock(self, name: str) -> None:
+        """Hold the lock row ``name`` until the transaction ends (see the module docstring)."""
+        key = LOCK_PREFIX + name
+        stats = self._stat.objects.using(self.using)
+        if stats.filter(name=key).update(value=F("value") + 1):
+            return
+        try:
+            with transaction.atomic(using=self.using):
+                stats.create(name=key, value=1)
+        except IntegrityError:  # made meanwhile by another process: take it
+            stats.filter(name=key).update(value=F("value") + 1)
+
+    def _add(self, name: str, amount: float) -> None:
+        stats = self._stat.objects.using(self.using)
+        if stats.filter(name=name).update(value=F("value") + amount):
+            return
+        try:
+            with transaction.atomic(using=self.using):
+                stats.create(name=name, value=amount)
+        except IntegrityError:
+            stats.filter(name=name).update(value=F("value") + amount)
+
+    def stats(self) -> dict[str, float]:
+        with _reachable():
+            rows = self._stat.objects.using(self.using).values_list("name", "value")
+            return {n: float(v) for n, v in rows if not n.startswith(LOCK_PREFIX)}
+
+    def bump(self, counters: dict[str, float]) -> None:
+        if not counters:
+            return
+        with _reachable(), transaction.atomic(using=self.using):
+            for name, amount in counters.items():
+                self._add(name, amount)
+
+    def delete(self, entry_id: str) -> bool:
+        with _reachable():
+            return bool(self._rows().filter(pk=entry_id).delete()[0])
+
+    def purge(
+        self, breaker: str | None = None, status: str | None = None, reason: str | None = None
+    ) -> int:
+        check_filters(status, reason)
+        with _reachable():
+            return int(self._filtered(breaker, status, reason).delete()[0])
+
+    def mark_dead(self, entry_id: str, dead_reason: str) -> bool:
+        check_dead_reason(dead_reason)
+        with _reachable():
+            changed = (
+                self._rows()
+                .filter(pk=entry_id, status="parked")
+                .update(
+                    status="dead", dead_reason=dead_reason, died_at=time.time(), lease_until=None
+                )
+            )
+        return bool(changed)
+
+    def expire_dead(self) -> int:
+        if self.dead_ttl is None:
+            return 0
+        cutoff = time.time() - self.dead_ttl
+        with _reachable():
+            return int(self._rows().filter(status="dead", died_at__lte=cutoff).delete()[0])
+
+    # -- the drain's side: claim under a lease, ack after publish ----------------------------
+
+    def claim(
+        self, breaker: str, limit: int, lease: float, now: float | None = None
+    ) -> builtins.list[ParkedTask]:
+        """Lease up to ``limit`` due entries of ``breaker`` (internal name) to the caller."""
+        if limit <= 0:
+            return []
+        now = time.time() if now is None else now
+        features = connections[self.using].features
+        with _reachable(), transaction.atomic(using=self.using):
+            if not features.has_select_for_update_skip_locked:
+                self._lock("claim")
+            due = self._due(breaker, now).order_by("due_at", "id")
+            if features.has_select_for_update:
+                skip = features.has_select_for_update_skip_locked
+                due = due.select_for_update(skip_locked=skip)
+            rows = list(due.values_list(*_COLUMNS)[:limit])
+            end = now + lease
+            for start in range(0, len(rows), _CHUNK):
+                chunk = [row[0] for row in rows[start : start + _CHUNK]]
+                self._rows().filter(pk__in=chunk).update(due_at=end, lease_until=end)
+        return [self._read(*row) for row in rows]
+
+    def ack(self, entry_ids: Sequence[str]) -> int:
+        """Remove entries that were published (the end of a claim)."""
+        removed = 0
+        with _reachable():
+            for start in range(0, len(entry_ids), _CHUNK):
+                chunk = list(entry_ids[start : start + _CHUNK])
+                removed += self._rows().filter(pk__in=chunk).delete()[0]
+        return removed
+
+    def release(self, breaker: str, entry_ids: Sequence[str], due_at: float) -> int:
+        """Give claimed entries back, due again at ``due_at``; ``breaker`` is not needed here."""
+        released = 0
+        with _reachable():
+            for start in range(0, len(entry_ids), _CHUNK):
+                chunk = list(entry_ids[start : start + _CHUNK])
+                claimed = self._rows().filter(pk__in=chunk, lease_until__isnull=False)
+                released += claimed.update(due_at=due_at, lease_until=None)
+        return released
+
+    def in_flight(self) -> int:
+        with _reachable():
+            return int(self._rows().filter(lease_until__gt=time.time()).count())
+
+    def due(self, breaker: str, now: float | None = None) -> int:
+        with _reachable():
+            return int(self._due(breaker, time.time() if now is None else now).count())
+
+    def _due(self, breaker: str, now: float) -> Any:
+        return self._rows().filter(breaker=breaker, status="parked", due_at__lte=now)
+
+    # -- reads ----------------------------------------------------------------------------
+
+    def get(self, entry_id: str) -> ParkedTask | None:
+        with _reachable():
+            row = self._rows().filter(pk=entry_id).values_list(*_COLUMNS).first()
+        return None if row is None else self._read(*row)
+
+    def count(self, breaker: str | None = None, status: str | None = None) -> int:
+        check_filters(status)
+        with _reachable():
+            return int(self._filtered(breaker, status, None).count())
+
+    def breakers(self) -> set[str]:
+        with _reachable():
+            return set(self._rows().order_by().values_list("breaker", flat=True).distinct())
+
+    def list(
+        self,
+        breaker: str | None = None,
+        status: str | None = None,
+        reason: str | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> builtins.list[ParkedTask]:
+        check_filters(status, reason)
+        check_page(limit, offset)
+        if limit == 0:
+            return []
+        rows = self._filtered(breaker, status, reason).order_by("-parked_at", "-id")
+        with _reachable():
+            page = list(rows.values_list(*_COLUMNS)[offset : offset + limit])
+        return [self._read(*row) for row in page]
+
+    def read_record(self, record: Any) -> ParkedTask:
+        """The entry of a ``ParkedTaskRecord`` (the admin), a placeholder if undecodable."""
+        return self._read(*(getattr(record, c) for c in _COLUMNS))
+
+    def _read(
+        self,
+        entry_id: str,
+        payload: Any,
+        breaker: str,
+        status: str,
+        reason: str,
+        dead_reason: str,
+        parked_at: float,
+    ) -> ParkedTask:
+        meta = Meta(breaker, cast(Status, status), cast(Reason, reason), dead_reason or None)
+        return read_entry(entry_id, bytes(payload), meta, parked_at, self.accept)
+
+    # -- tests only -----------------------------------------------------------------------
+
+    def _put_raw(
+        self,
+        entry_id: str,
+        data: bytes,
+        *,
+        breaker: str | None = None,
+        reason: str = "park_on",
+        parked_at: float | None = None,
+    ) -> None:
+        """Store raw payload bytes (replacing an entry's, or as a new parked entry): tests only."""
+        if self._rows().filter(pk=entry_id).update(payload=data):
+            return
+        try:
+            decoded = decode(data, self.accept)
+            task_name, task_id = decoded.task_name, decoded.task_id
+        except UndecodableEntry:
+            task_name, task_id = UNDECODABLE_TASK, ""
+        when = time.time() if parked_at is None else parked_at
+        self._rows().create(
+            id=entry_id,
+            task_name=task_name,
+            task_id=task_id,
+            breaker=breaker_key(breaker),
+            reason=reason,
+            status="parked",
+            parked_at=when,
+            due_at=when,
+            payload=data,
+        )
+
+
+def make_store(resilience: Resilience) -> DjangoBackoutStore:
+    """The store of ``resilience_backout_store = "django"``, on the ``default`` database."""
+    config = resilience.config
+    return DjangoBackoutStore(
+        serializer=config.serializer,
+        accept=resilience.app.conf.accept_content,
+        max_entries=config.backout_max_entries,
+        dead_ttl=config.dead_ttl,
+    )

@@ -1,0 +1,358 @@
+"""Start-up checks: settings and Redis setups that can lose work, found before they do.
+
+``run_checks`` in-process; the Redis findings against a private ``redis-server`` (a Redis of our
+own, so ``CONFIG SET maxmemory-policy`` / ``appendonly`` / ``save`` are ours to change, the same
+settings as the command-line flags); ``celery resilience check``'s exit codes; and the findings a
+real ``celery worker`` logs when it is ready (signal ``worker_ready``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from celery_resilience import Resilience, ResilientTask
+from celery_resilience.checks import Finding, log_findings, run_checks
+
+from .redis_server import RedisServer, free_port
+from .worker_process import WorkerProcess
+from .workerapp import make_app as make_worker_app
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[RedisServer]:
+    with RedisServer() as private:
+        yield private
+
+
+def configure(server: RedisServer, policy: str, appendonly: bool, save: str = "") -> None:
+    client = server.client()
+    try:
+        client.config_set("maxmemory-policy", policy)
+        client.config_set("appendonly", "yes" if appendonly else "no")
+        client.config_set("save", save)
+    finally:
+        client.close()
+
+
+def make_app(redis_url: str, **conf: Any) -> Celery:
+    app = Celery(f"checks-{uuid.uuid4().hex[:8]}", set_as_current=False)
+    app.conf.update(
+        broker_url=redis_url,
+        resilience_redis_url=redis_url,
+        resilience_key_prefix=f"test-checks-{uuid.uuid4().hex[:8]}",
+        **conf,
+    )
+    return app
+
+
+def checks(app: Celery) -> list[Finding]:
+    res = Resilience(app)
+    try:
+        return run_checks(res)
+    finally:
+        res.redis.close()
+
+
+def redis_findings(findings: list[Finding]) -> list[Finding]:
+    return [f for f in findings if f.message.startswith(("Redis ", "Redis at "))]
+
+
+# -- settings -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("transport", "max_countdown", "error"),
+    [
+        ({"broker_transport_options": {"visibility_timeout": 100}}, 100, True),
+        ({"broker_transport_options": {"visibility_timeout": 100}}, 150, True),
+        ({"broker_transport_options": {"visibility_timeout": 100}}, 99, False),
+        ({"broker_transport_options": {"visibility_timeout": 100}}, None, False),
+        # The shortest timeout wins: the result backend's redelivers first.
+        (
+            {
+                "broker_transport_options": {"visibility_timeout": 100},
+                "result_backend_transport_options": {"visibility_timeout": 50},
+            },
+            60,
+            True,
+        ),
+        ({}, 3600, True),  # kombu's default visibility timeout, 3600 s
+        ({}, None, False),
+    ],
+)
+def test_max_countdown_not_below_visibility_timeout_is_an_error(
+    server: RedisServer, transport: dict[str, Any], max_countdown: float | None, error: bool
+) -> None:
+    configure(server, "noeviction", appendonly=True)
+    conf = dict(transport)
+    if max_countdown is not None:
+        conf["resilience_max_countdown"] = max_countdown
+    found = checks(make_app(server.url, **conf))
+    countdown = [f for f in found if "resilience_max_countdown" in f.message]
+    if not error:
+        assert countdown == []
+        return
+    assert len(countdown) == 1
+    (finding,) = countdown
+    assert finding.level == "error"
+    assert f"resilience_max_countdown ({max_countdown:.0f}s) is not below" in finding.message
+    assert "Lower resilience_max_countdown" in finding.message
+
+
+def test_resilient_task_without_acks_late_is_a_warning_naming_it(server: RedisServer) -> None:
+    configure(server, "noeviction", appendonly=True)
+    app = make_app(server.url)
+    options: dict[str, Any] = {"base": ResilientTask, "bind": True, "shared": False}
+
+    @app.task(name="checks.unsafe", acks_late=False, **options)
+    def unsafe(self: Any) -> None: ...
+
+    @app.task(name="checks.safe", acks_late=True, reject_on_worker_lost=True, **options)
+    def safe(self: Any) -> None: ...
+
+    @app.task(name="checks.half", acks_late=True, **options)
+    def half(self: Any) -> None: ...
+
+    @app.task(name="checks.plain", acks_late=False, shared=False)
+    def plain() -> None: ...  # not a ResilientTask: none of our business
+
+    found = checks(app)
+    mine = [f for f in found if f.message.startswith("checks.")]
+    assert mine == [
+        Finding(
+            "warning",
+            "checks.half has acks_late but not reject_on_worker_lost: a pool child killed "
+            "mid-task acks and fails it. Set task_reject_on_worker_lost=True (the "
+            "redelivery guard, resilience_max_deliveries, stops crash loops).",
+        ),
+        Finding(
+            "warning",
+            "checks.unsafe is a ResilientTask without acks_late: a worker killed mid-task "
+            "loses it. Set acks_late=True (and task_reject_on_worker_lost=True).",
+        ),
+    ]
+    assert not [f for f in found if f.level == "error"]
+
+
+def test_task_acks_late_setting_counts_for_tasks_that_do_not_say(server: RedisServer) -> None:
+    configure(server, "noeviction", appendonly=True)
+    app = make_app(server.url, task_acks_late=True, task_reject_on_worker_lost=True)
+
+    @app.task(name="checks.inherits", base=ResilientTask, bind=True, shared=False)
+    def inherits(self: Any) -> None: ...
+
+    @app.task(name="checks.opts_out", base=ResilientTask, bind=True, shared=False, acks_late=False)
+    def opts_out(self: Any) -> None: ...
+
+    named = {f.message.split(" ")[0] for f in checks(app) if f.message.startswith("checks.")}
+    assert named == {"checks.opts_out"}
+
+
+# -- Redis ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("policy", "appendonly", "save", "expected"),
+    [
+        ("allkeys-lru", True, "", [("error", "maxmemory-policy is allkeys-lru")]),
+        ("allkeys-random", True, "", [("error", "maxmemory-policy is allkeys-random")]),
+        ("volatile-lru", True, "", [("warning", "maxmemory-policy is volatile-lru")]),
+        ("volatile-ttl", True, "", [("warning", "maxmemory-policy is volatile-ttl")]),
+        ("noeviction", True, "", []),
+        ("noeviction", False, "", [("warning", "keeps nothing on disk")]),
+        ("noeviction", False, "3600 1", []),  # RDB snapshots: something is on disk
+        (
+            "allkeys-lru",
+            False,
+            "",
+            [("error", "maxmemory-policy is allkeys-lru"), ("warning", "keeps nothing on disk")],
+        ),
+    ],
+)
+def test_redis_setup(
+    server: RedisServer,
+    policy: str,
+    appendonly: bool,
+    save: str,
+    expected: list[tuple[str, str]],
+) -> None:
+    configure(server, policy, appendonly, save)
+    found = redis_findings(checks(make_app(server.url)))
+    assert [f.level for f in found] == [level for level, _ in expected], found
+    for finding, (_, text) in zip(found, expected, strict=True):
+        assert text in finding.message
+    if policy.startswith("allkeys"):
+        assert "Set maxmemory-policy noeviction" in found[0].message
+
+
+def test_unreachable_redis_is_an_error() -> None:
+    found = checks(make_app(f"redis://127.0.0.1:{free_port()}/0"))
+    errors = [f for f in found if f.level == "error"]
+    assert len(errors) == 1, found
+    assert errors[0].message.startswith("Redis at resilience_redis_url unreachable: ")
+
+
+def test_in_memory_store_is_a_warning_not_an_unreachable_redis() -> None:
+    app = Celery(f"checks-{uuid.uuid4().hex[:8]}", broker="memory://", set_as_current=False)
+    found = run_checks(Resilience(app))
+    assert [f.level for f in found] == ["warning"], found
+    assert found[0].message.startswith("resilience_redis_url is memory://")
+
+
+def test_redis_without_config_command_gives_no_redis_finding(server: RedisServer) -> None:
+    """Managed Redis often refuses CONFIG: nothing to look at, and no crash."""
+    configure(server, "allkeys-lru", appendonly=False)
+    admin = server.client()
+    admin.acl_setuser(
+        "checker", enabled=True, passwords=["+secret"], keys=["*"], commands=["+@all", "-config"]
+    )
+    try:
+        url = f"redis://checker:secret@127.0.0.1:{server.port}/0"
+        assert redis_findings(checks(make_app(url))) == []
+    finally:
+        admin.acl_deluser("checker")
+        admin.close()
+
+
+def test_log_findings_levels(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("WARNING", logger="celery_resilience.checks")
+    log_findings([Finding("error", "bad"), Finding("warning", "meh")])
+    records = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert records == [
+        ("ERROR", "celery-resilience check: bad"),
+        ("WARNING", "celery-resilience check: meh"),
+    ]
+
+
+# -- the command ----------------------------------------------------------------------------------
+
+
+def _check_command(env: dict[str, str], *args: str) -> subprocess.Popen[str]:
+    command = [sys.executable, "-m", "celery", "-A", "tests.cliapp", "resilience", "check", *args]
+    return subprocess.Popen(
+        command,
+        cwd=ROOT,
+        env={**os.environ, **env},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _finish(process: subprocess.Popen[str]) -> tuple[int, str, str]:
+    try:
+        stdout, stderr = process.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        stdout, stderr = process.communicate()
+        pytest.fail(f"resilience check hung:\n{stdout}\n{stderr}")
+    return process.returncode, stdout, stderr
+
+
+def test_check_command_exit_codes(server: RedisServer, key_prefix: str, redis_url: str) -> None:
+    env = {
+        "CLIAPP_PREFIX": key_prefix,
+        "CLIAPP_BROKER": redis_url,
+        "CLIAPP_QUEUE": f"{key_prefix}-queue",
+        "CLIAPP_REDIS": server.url,
+    }
+    unreachable = {**env, "CLIAPP_REDIS": f"redis://127.0.0.1:{free_port()}/0"}
+
+    # Warnings only (cliapp's tasks have no acks_late): exit 0.
+    configure(server, "noeviction", appendonly=True)
+    running = [
+        _check_command(env),
+        _check_command(env, "--json"),
+        _check_command(unreachable),
+    ]
+    (rc, out, err), (rc_json, out_json, _), (rc_down, out_down, _) = map(_finish, running)
+    assert rc == 0, (out, err)
+    lines = out.splitlines()
+    assert lines
+    assert all(line.startswith("WARNING: ") for line in lines), out
+    assert "WARNING: cliapp.charge is a ResilientTask without acks_late" in out
+    assert rc_json == 0
+    data = json.loads(out_json)
+    assert {f["level"] for f in data} == {"warning"}
+    assert {"cliapp.charge", "cliapp.lookup", "cliapp.notify"} <= {
+        f["message"].split(" ")[0] for f in data
+    }
+    # Redis unreachable: an error, exit 1.
+    assert rc_down == 1
+    assert "ERROR: Redis at resilience_redis_url unreachable" in out_down
+
+    # An evicting Redis: an error, exit 1.
+    configure(server, "allkeys-lru", appendonly=True)
+    rc, out, err = _finish(_check_command(env))
+    assert rc == 1, (out, err)
+    assert "ERROR: Redis maxmemory-policy is allkeys-lru" in out
+
+
+# -- the worker -----------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_worker_logs_the_findings_when_ready(
+    server: RedisServer, key_prefix: str, redis_url: str, tmp_path: Path
+) -> None:
+    configure(server, "volatile-lru", appendonly=False)
+    env = {
+        "WORKERAPP_PREFIX": key_prefix,
+        "WORKERAPP_QUEUE": f"{key_prefix}-queue",
+        "WORKERAPP_BROKER": redis_url,
+        "WORKERAPP_REDIS": server.url,
+        "WORKERAPP_VISIBILITY_TIMEOUT": "3600",
+        "WORKERAPP_MAX_COUNTDOWN": "7200",
+    }
+    expected = checks(make_worker_app(env))
+    assert sorted(f.level for f in expected) == ["error", "warning", "warning"], expected
+
+    worker = WorkerProcess(env, tmp_path / "worker.log")
+    try:
+        worker.start()
+    finally:
+        log = worker.stop()
+    logged = re.findall(r"(ERROR|WARNING)/MainProcess\] celery-resilience check: (.*)", log)
+    assert sorted(logged) == sorted((f.level.upper(), f.message) for f in expected), log
+    # Logged before the worker says it is ready to take tasks.
+    ready = log.index(" ready.")
+    assert all(log.index(message) < ready for _, message in logged)
+    assert "resilience_max_countdown (7200s) is not below" in log
+
+
+class _Consumer:
+    def __init__(self, app: Celery) -> None:
+        self.app = app
+
+
+def test_checks_run_on_worker_ready_signal(
+    server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The handler stays connected (not weakly collected) and checks the sender's app."""
+    from celery.signals import worker_ready
+
+    configure(server, "noeviction", appendonly=False)
+    app = make_app(server.url)
+    consumer = _Consumer(app)  # what the worker sends: its consumer, with .app
+    caplog.set_level("WARNING", logger="celery_resilience.checks")
+    try:
+        worker_ready.send(sender=consumer)
+    finally:
+        Resilience.for_app(app).redis.close()
+    messages = [r.getMessage() for r in caplog.records if r.name == "celery_resilience.checks"]
+    assert len(messages) == 1, messages
+    assert "keeps nothing on disk" in messages[0]

@@ -1,0 +1,389 @@
+"""Prometheus metrics read from Redis: the collector in-process and the real command over HTTP.
+
+A scenario runs in the test process (breaker calls, parks, retries counted, drains and replays)
+against one key prefix; at each step the same figures must come out of
+:class:`ResilienceCollector` in a private ``CollectorRegistry``, out of a real
+``celery -A tests.cliapp resilience metrics --port N`` scraped over HTTP, and (at the end) out
+of ``celery -A tests.cliapp resilience status --json``.
+
+Breaker ``search`` keeps cliapp's open timeout (30 s), so its ``open`` state can't turn
+``half_open`` between two reads; ``payments`` gets 0.3 s here for a full trip / probe / close
+cycle (a snapshot reads the stored ``open_until``: the serving process needs no such setting).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from celery_resilience import BreakerOpen, ParkedTask, Resilience
+from celery_resilience.metrics import ResilienceCollector
+from tests import cliapp
+
+from .redis_server import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+PREFIX = "celery_resilience_"
+SHORT_OPEN = 0.3
+STATES = ("closed", "open", "half_open", "forced_open", "forced_closed")
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def parse(text: str) -> Samples:
+    samples: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.startswith(PREFIX):
+                samples[sample.name, frozenset(sample.labels.items())] = sample.value
+    return samples
+
+
+def value(samples: Samples, name: str, **labels: str) -> float | None:
+    return samples.get((PREFIX + name, frozenset(labels.items())))
+
+
+class MetricsServer:
+    """``celery -A tests.cliapp resilience metrics --port N`` in a subprocess."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.port = free_port()
+        command = [
+            sys.executable, "-m", "celery", "-A", "tests.cliapp", "resilience", "metrics",
+            "--port", str(self.port), "--addr", "127.0.0.1",
+        ]  # fmt: skip
+        self.process = subprocess.Popen(
+            command,
+            cwd=ROOT,
+            env={**os.environ, **env},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+
+    def scrape(self) -> Samples:
+        url = f"http://127.0.0.1:{self.port}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return parse(response.read().decode())
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.process.poll() is not None:
+                output = self.process.stdout.read().decode() if self.process.stdout else ""
+                raise RuntimeError(f"metrics exited with {self.process.returncode}:\n{output}")
+            with contextlib.suppress(OSError):
+                self.scrape()
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError("the metrics command does not answer")
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+        if self.process.stdout:
+            self.process.stdout.close()
+
+
+class World:
+    def __init__(self, env: dict[str, str], server: MetricsServer) -> None:
+        self.env = env
+        self.app: Celery = cliapp.make_app(env)
+        self.app.conf.resilience_breakers = {
+            "payments": {"failure_threshold": 3, "open_timeout": SHORT_OPEN},
+            "search": {"failure_threshold": 3, "open_timeout": 30.0},
+        }
+        self.res = Resilience.for_app(self.app)
+        self.res.send_events = False  # nobody listens; these tests are about Redis figures
+        self.registry = CollectorRegistry()
+        self.registry.register(ResilienceCollector(self.res))
+        self.server = server
+
+    def collect(self) -> Samples:
+        return parse(generate_latest(self.registry).decode())
+
+    def both(self) -> Samples:
+        """The collector's figures, checked equal to the command's over HTTP."""
+        local = self.collect()
+        remote = self.server.scrape()
+        assert remote == local, _diff(local, remote)
+        return local
+
+    def status(self) -> dict[str, Any]:
+        command = [sys.executable, "-m", "celery", "-A", "tests.cliapp", "resilience", "status"]
+        done = subprocess.run(
+            [*command, "--json"],
+            cwd=ROOT,
+            env={**os.environ, **self.env},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        return dict(json.loads(done.stdout))
+
+    def park(self, task_name: str, breaker: str | None, reason: str, **fields: Any) -> ParkedTask:
+        entry = ParkedTask.new(
+            task_name=task_name,
+            task_id=f"{self.env['CLIAPP_PREFIX']}-{task_name}-{time.monotonic_ns()}",
+            args=["x"],
+            breaker=breaker,
+            reason=reason,  # type: ignore[arg-type]
+            **fields,
+        )
+        self.res.backout_store.park(entry)
+        return entry
+
+
+def _diff(local: Samples, remote: Samples) -> str:
+    keys = sorted(set(local) | set(remote), key=str)
+    lines = [
+        f"{name}{dict(labels)}: collector={local.get((name, labels))} "
+        f"http={remote.get((name, labels))}"
+        for name, labels in keys
+        if local.get((name, labels)) != remote.get((name, labels))
+    ]
+    return "collector and HTTP disagree:\n" + "\n".join(lines)
+
+
+@pytest.fixture
+def world(key_prefix: str, redis_url: str, redis_client: redis.Redis) -> Iterator[World]:
+    env = {
+        "CLIAPP_PREFIX": key_prefix,
+        "CLIAPP_BROKER": redis_url,
+        "CLIAPP_QUEUE": f"{key_prefix}-queue",
+    }
+    server = MetricsServer(env)
+    try:
+        server.wait_ready()
+        world = World(env, server)
+        yield world
+        world.res.redis.close()
+    finally:
+        server.stop()
+
+
+def _fail() -> None:
+    raise ConnectionError("dependency down")
+
+
+def _state(samples: Samples, breaker: str) -> str:
+    states = [s for s in STATES if value(samples, "breaker_state", breaker=breaker, state=s)]
+    assert len(states) == 1, states
+    return states[0]
+
+
+def test_metrics_follow_the_scenario(world: World) -> None:
+    start = world.both()
+    for name in ("payments", "search"):
+        assert _state(start, name) == "closed"
+        for transition in ("opened", "half_opened", "closed"):
+            key = {"breaker": name, "transition": transition}
+            assert value(start, "breaker_transitions_total", **key) == 0
+        assert value(start, "breaker_calls_total", breaker=name, outcome="failure") == 0
+    assert value(start, "drain_runs_total") == 0
+    assert not [k for k in start if k[0] == PREFIX + "parked_total"]
+
+    _search_trips_and_rejects(world)
+    _payments_trip_probe_close(world)
+    _parks(world)
+    _retries(world)
+    _drains_and_replays(world)
+    _status_shows_the_same(world)
+
+
+def _search_trips_and_rejects(world: World) -> None:
+    """2 successes, 3 failures (failure_threshold): open; then 2 calls rejected."""
+    search = world.res.breaker("search")
+    for _ in range(2):
+        search.call(lambda: "ok")
+    for _ in range(3):
+        with pytest.raises(ConnectionError):
+            search.call(_fail)
+    for _ in range(2):
+        with pytest.raises(BreakerOpen):
+            search.call(lambda: "never runs")
+    step = world.both()
+    assert _state(step, "search") == "open"
+    assert value(step, "breaker_transitions_total", breaker="search", transition="opened") == 1
+    assert value(step, "breaker_calls_total", breaker="search", outcome="success") == 2
+    assert value(step, "breaker_calls_total", breaker="search", outcome="failure") == 3
+    assert value(step, "breaker_rejected_calls_total", breaker="search") == 2
+    assert value(step, "breaker_consecutive_failures", breaker="search") == 0  # cleared by trip
+    assert _state(step, "payments") == "closed"
+
+
+def _payments_trip_probe_close(world: World) -> None:
+    """Six failures at once trip it once; a failed probe trips it again; a good one closes it."""
+    payments = world.res.breaker("payments")
+    permits = [payments.acquire() for _ in range(6)]
+    barrier = threading.Barrier(len(permits))
+
+    def fail(permit: Any) -> None:
+        barrier.wait()
+        permit.failure()
+
+    threads = [threading.Thread(target=fail, args=(p,)) for p in permits]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    step = world.collect()
+    assert value(step, "breaker_transitions_total", breaker="payments", transition="opened") == 1
+    assert value(step, "breaker_calls_total", breaker="payments", outcome="failure") == 6
+
+    time.sleep(SHORT_OPEN + 0.05)
+    with pytest.raises(ConnectionError):
+        payments.call(_fail)  # the probe: back to open
+    time.sleep(SHORT_OPEN + 0.05)
+    payments.call(lambda: "ok")  # the probe: closed
+    step = world.both()
+    assert _state(step, "payments") == "closed"
+    transitions = {
+        t: value(step, "breaker_transitions_total", breaker="payments", transition=t)
+        for t in ("opened", "half_opened", "closed")
+    }
+    assert transitions == {"opened": 2, "half_opened": 2, "closed": 1}
+    assert value(step, "breaker_calls_total", breaker="payments", outcome="failure") == 7
+    assert value(step, "breaker_calls_total", breaker="payments", outcome="success") == 1
+    assert value(step, "breaker_rejected_calls_total", breaker="payments") == 0
+
+
+def _parks(world: World) -> None:
+    """Two parked by the task (search is open), two straight into the store."""
+    lookup = world.app.tasks["cliapp.lookup"]
+    for query in ("a", "b"):
+        assert lookup.apply(args=(query,)).state == "IGNORED"  # parked: breaker_open
+    world.park("cliapp.charge", "payments", "retries_exhausted")
+    world.park("cliapp.notify", None, "park_on")
+    step = world.both()
+    entries = {
+        (breaker, status): value(step, "backout_entries", breaker=breaker, status=status)
+        for breaker in ("search", "payments", "")
+        for status in ("parked", "dead")
+    }
+    assert entries == {
+        ("search", "parked"): 2,
+        ("search", "dead"): 0,
+        ("payments", "parked"): 1,
+        ("payments", "dead"): 0,
+        ("", "parked"): 1,
+        ("", "dead"): 0,
+    }
+    assert value(step, "parked_total", breaker="search", reason="breaker_open") == 2
+    assert value(step, "parked_total", breaker="payments", reason="retries_exhausted") == 1
+    assert value(step, "parked_total", breaker="", reason="park_on") == 1
+    # Rejected admissions of the task count as rejected calls too.
+    assert value(step, "breaker_rejected_calls_total", breaker="search") == 4
+
+
+def _retries(world: World) -> None:
+    """Retries counted by the task's retry path (``Resilience.count_retry``)."""
+    world.res.count_retry("payments")
+    world.res.count_retry("payments")
+    world.res.count_retry(None)
+    step = world.both()
+    assert value(step, "retries_scheduled_total", breaker="payments") == 2
+    assert value(step, "retries_scheduled_total", breaker="") == 1
+
+
+def _drains_and_replays(world: World) -> None:
+    res = world.res
+    # payments (closed) and no-breaker entries go, search (open) stays.
+    report = res.drain()
+    assert (report.replayed, report.dead, report.skipped) == (2, 0, 2)
+    step = world.both()
+    assert value(step, "drain_runs_total") == 1
+    assert value(step, "replayed_total", breaker="payments") == 1
+    assert value(step, "replayed_total", breaker="") == 1
+    assert value(step, "replayed_total", breaker="search") is None  # nothing replayed yet
+    assert value(step, "backout_entries", breaker="search", status="parked") == 2
+    # Emptied groups read 0 (a gauge that vanished would read "no data" on a dashboard).
+    assert value(step, "backout_entries", breaker="payments", status="parked") == 0
+    assert value(step, "backout_entries", breaker="", status="parked") == 0
+    drain_seconds = value(step, "drain_seconds_total")
+    assert drain_seconds is not None
+    assert drain_seconds > 0
+
+    # An operator replays one search entry; a drain marks an entry out of replays dead.
+    first = res.backout.list(breaker="search")[0]
+    res.backout.replay(first.id)
+    world.park("cliapp.charge", "payments", "breaker_open", replays=res.config.max_replays)
+    report = res.drain()
+    assert (report.replayed, report.dead) == (0, 1)
+    step = world.both()
+    assert value(step, "replayed_total", breaker="search") == 1
+    assert value(step, "dead_total", breaker="payments") == 1
+    assert value(step, "backout_entries", breaker="payments", status="dead") == 1
+    assert value(step, "backout_entries", breaker="search", status="parked") == 1
+    assert value(step, "drain_runs_total") == 2
+    assert value(step, "parked_total", breaker="payments", reason="breaker_open") == 1
+
+
+def _status_shows_the_same(world: World) -> None:
+    """``celery resilience status --json``: the figures of the metrics, breaker by breaker."""
+    status = world.status()
+    step = world.both()
+    assert set(status["breakers"]) == {"payments", "search"}
+    for name, snap in status["breakers"].items():
+        assert _state(step, name) == snap["state"]
+        gauges = {
+            "breaker_consecutive_failures": "consecutive_failures",
+            "breaker_window_calls": "window_calls",
+            "breaker_window_failures": "window_failures",
+            "breaker_rejected_calls_total": "rejected_total",
+        }
+        for metric, field in gauges.items():
+            assert value(step, metric, breaker=name) == snap[field], metric
+        for transition in ("opened", "half_opened", "closed"):
+            labels = {"breaker": name, "transition": transition}
+            expected = snap[f"{transition}_total"]
+            assert value(step, "breaker_transitions_total", **labels) == expected
+        for outcome, field in (("success", "successes_total"), ("failure", "failures_total")):
+            assert value(step, "breaker_calls_total", breaker=name, outcome=outcome) == snap[field]
+        for status_name in ("parked", "dead"):
+            labels = {"breaker": name, "status": status_name}
+            assert value(step, "backout_entries", **labels) == snap[status_name]
+    assert status["no_breaker"] == {
+        "parked": value(step, "backout_entries", breaker="", status="parked"),
+        "dead": value(step, "backout_entries", breaker="", status="dead"),
+    }
+
+
+def test_collector_registers_and_serves_nothing_stale(world: World) -> None:
+    """The collector reads Redis on every scrape: a change shows at the very next one."""
+    breaker = world.res.breaker("search")
+    assert _state(world.collect(), "search") == "closed"
+    breaker.force_open()
+    assert _state(world.collect(), "search") == "forced_open"
+    breaker.force_closed()
+    assert _state(world.both(), "search") == "forced_closed"
+    breaker.reset()
+    samples = world.both()
+    assert _state(samples, "search") == "closed"
+    # Operator orders are not trips: the transition counters stay at zero.
+    for transition in ("opened", "half_opened", "closed"):
+        labels = {"breaker": "search", "transition": transition}
+        assert value(samples, "breaker_transitions_total", **labels) == 0
