@@ -1,6 +1,7 @@
 """Throughput of a no-op task: plain Celery, ``ResilientTask``, and a pybreaker peer.
 
-    python benchmarks/throughput.py [--tasks N] [--warmup W] [--broker-url URL] [--redis-url URL]
+    python benchmarks/throughput.py [--tasks N] [--warmup W] [--rounds R]
+                                    [--broker-url URL] [--redis-url URL]
 
 For each pool (solo, then prefork -c 2) and each variant (plain ``@app.task``; ``ResilientTask``
 with a closed breaker; a plain task calling through ``pybreaker.CircuitBreaker`` with
@@ -11,8 +12,13 @@ with a closed breaker; a plain task calling through ``pybreaker.CircuitBreaker``
 3. wait until the worker processes report all W + N tasks done (see ``benchapp``: counters in
    memory, written with one HSET every 500 tasks per process and on each of the last 64);
 4. throughput = N / (end of the last timed task - start of the first timed task), where the
-   first W messages are the warm-up; ``INFO commandstats`` of the resilience Redis is read
-   before the worker starts and after the last task, for Redis commands per task.
+   first W messages are the warm-up; ``INFO commandstats`` and ``INFO cpu`` of the resilience
+   Redis are read before the worker starts and after the last task, for Redis commands and
+   Redis CPU per task; the worker processes also report their CPU time and the requests they
+   wrote to Redis (client round trips), which other load on the machine disturbs far less.
+
+All six cells run R times (default 2, every other round in reverse variant order); the table
+shows the best throughput of the rounds and, for the costs, the lowest.
 
 The run uses its own queue and key prefix and deletes only the keys that carry its run id.
 """
@@ -53,8 +59,8 @@ START_TIMEOUT = 60.0
 
 
 #: One worker process's report: tasks run, timed tasks run, start of its first timed task, end
-#: of its last one, requests it wrote to Redis.
-Record = tuple[int, int, float, float, int]
+#: of its last one, requests it wrote to Redis, CPU seconds it used since its first timed task.
+Record = tuple[int, int, float, float, int, float]
 
 
 @dataclass
@@ -68,6 +74,8 @@ class Cell:
     processes: int = 0
     commands: Counter[str] = field(default_factory=Counter)
     round_trips: int = 0
+    cpu: float = 0.0  # CPU seconds of the task-running processes over the timed tasks
+    redis_cpu: float = 0.0  # CPU seconds of the resilience Redis over the worker's run
     breaker_check: str = ""
     note: str = ""
 
@@ -120,19 +128,11 @@ class Bench:
             raise RuntimeError(f"{queued} messages in {self.queue} after publishing {self.total}")
 
         name = f"{self.prefix}-{variant}-{pool}-{round_}@%h"
-        command = [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "benchmarks.benchapp",
-            "worker",
-            "-P",
-            pool,
-        ]
+        command = [sys.executable, "-m", "celery", "-A", "benchmarks.benchapp", "worker"]
+        command += ["-P", pool]
         command += ["-c", "2", "-Q", self.queue, "-n", name, "-l", "warning"]
         command += ["--without-heartbeat", "--without-gossip", "--without-mingle"]
-        before = self.commandstats()
+        before, before_cpu = self.commandstats(), self.redis_cpu()
         own_before = self.own.copy()
         with tempfile.NamedTemporaryFile(prefix=f"bench-{variant}-{pool}-", suffix=".log") as log:
             worker = subprocess.Popen(
@@ -145,7 +145,7 @@ class Bench:
             )
             try:
                 records = self.wait(worker, stats_key, log.name)
-                after = self.commandstats()
+                after, after_cpu = self.commandstats(), self.redis_cpu()
             finally:
                 self.stop(worker)
         if sum(r[0] for r in records) < self.total:  # a process was not among the last writers
@@ -158,6 +158,8 @@ class Bench:
         cell.timed = sum(r[1] for r in timed)
         cell.processes = len(records)
         cell.round_trips = sum(r[4] for r in records)
+        cell.cpu = sum(r[5] for r in records)
+        cell.redis_cpu = after_cpu - before_cpu
         cell.window = max(r[3] for r in timed) - min(r[2] for r in timed)
         own = self.own - own_before
         cell.commands = Counter(
@@ -168,7 +170,8 @@ class Bench:
             resilience = importlib.import_module("celery_resilience").Resilience
             snap = resilience.for_app(self.benchapp.app).breaker("bench").snapshot()
             cell.breaker_check = (
-                f"{snap['state']} {snap['calls_total']}/{self.resilient_done} calls"
+                f"{pool} round {round_ + 1}: {snap['state']}, calls_total {snap['calls_total']}"
+                f" of {self.resilient_done} run"
             )
         return cell
 
@@ -184,14 +187,20 @@ class Bench:
         stats = self.store.info("commandstats")
         return {name.removeprefix("cmdstat_"): int(s["calls"]) for name, s in stats.items()}
 
+    def redis_cpu(self) -> float:
+        cpu = self.store.info("cpu")
+        return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+
     def read_records(self, stats_key: str) -> list[Record]:
         raw: dict[bytes, bytes] = self.broker.hgetall(stats_key)  # type: ignore[assignment]
         if self.same_server:
             self.own["hgetall"] += 1
         records = []
         for value in raw.values():
-            count, timed, first, last, trips = value.split()
-            records.append((int(count), int(timed), float(first), float(last), int(trips)))
+            count, timed, first, last, trips, cpu = value.split()
+            records.append(
+                (int(count), int(timed), float(first), float(last), int(trips), float(cpu))
+            )
         return records
 
     def wait(self, worker: subprocess.Popen[bytes], stats_key: str, log: str) -> list[Record]:
@@ -242,9 +251,12 @@ def _tail(path: str, lines: int = 30) -> str:
     return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
 
 
-def _breakdown(per_task: dict[str, float]) -> str:
+def _breakdown(per_task: dict[str, float], shown: float = 0.05) -> str:
+    """The commands of at least ``shown`` per task; the rest (mostly other clients) summed up."""
     items = sorted(per_task.items(), key=lambda kv: (-abs(kv[1]), kv[0]))
-    return ", ".join(f"{name} {value:+.2f}" for name, value in items if abs(value) >= 0.005)
+    parts = [f"{name} {value:+.2f}" for name, value in items if abs(value) >= shown]
+    rest = sum(value for _, value in items if abs(value) < shown)
+    return ", ".join([*parts, f"others {rest:+.2f}"])
 
 
 def _lowest(cells: list[Cell]) -> dict[str, float]:
@@ -257,21 +269,34 @@ def report(bench: Bench, cells: dict[tuple[str, str], list[Cell]]) -> None:
     rounds = len(cells[("plain", POOLS[0])])
     print()
     print(
-        f"{'pool':<9}{'variant':<22}{'tasks/s':>9}{'vs plain':>10}   "
-        f"each round (tasks/s){'':<5}best of {rounds}; ratio of bests in the same pool"
+        f"{'pool':<9}{'variant':<22}{'tasks/s':>8}{'vs plain':>9}{'wkr CPU':>9}{'+plain':>8}"
+        f"{'Redis CPU':>10}{'+plain':>8}   tasks/s of each round"
     )
     for pool in POOLS:
-        plain = max(c.rate for c in cells[("plain", pool)])
+        plain = cells[("plain", pool)]
+        best_plain = max(c.rate for c in plain)
+        cpu_plain = min(c.cpu / max(c.timed, 1) for c in plain) * 1e6
+        redis_plain = min(c.redis_cpu / c.total for c in plain) * 1e6
         for variant in VARIANTS:
             runs = cells[(variant, pool)]
             best = max(c.rate for c in runs)
-            ratio = best / plain if plain else 0.0
+            ratio = best / best_plain if best_plain else 0.0
+            cpu = min(c.cpu / max(c.timed, 1) for c in runs) * 1e6
+            redis_cpu = min(c.redis_cpu / c.total for c in runs) * 1e6
             each = " ".join(f"{c.rate:.0f}" for c in runs)
             notes = "; ".join(c.note for c in runs if c.note)
             print(
-                f"{pool:<9}{LABELS[variant]:<22}{best:>9.0f}{ratio:>10.2f}   {each}"
-                + (f"  !! {notes}" if notes else "")
+                f"{pool:<9}{LABELS[variant]:<22}{best:>8.0f}{ratio:>9.2f}{cpu:>9.0f}"
+                f"{cpu - cpu_plain:>+8.0f}{redis_cpu:>10.0f}{redis_cpu - redis_plain:>+8.0f}"
+                f"   {each}" + (f"  !! {notes}" if notes else "")
             )
+    print(
+        f"tasks/s: best of {rounds} rounds; vs plain: ratio of the bests in the same pool. "
+        "wkr CPU: CPU µs per timed task of the task-running processes (solo: the whole worker, "
+        "broker consumer included; prefork: the two children, not the parent). Redis CPU: "
+        "used_cpu_user+sys of the resilience Redis per task over the worker's run (server-wide: "
+        "other clients add to it). CPU columns: lowest of the rounds."
+    )
     print()
     where = "same Redis as the broker" if bench.same_server else "a Redis apart from the broker"
     print(
@@ -307,8 +332,8 @@ def report(bench: Bench, cells: dict[tuple[str, str], list[Cell]]) -> None:
         print(f"  {pool:<8}{line}")
     checks = [c for pool in POOLS for c in cells[("resilient", pool)]]
     print(
-        "breaker 'bench' after each (b) cell (deferred successes flushed at worker shutdown): "
-        + ", ".join(f"{c.breaker_check}" for c in checks)
+        "breaker 'bench' after each (b) worker stopped (deferred successes flushed at shutdown; "
+        "cumulative): " + "; ".join(c.breaker_check for c in checks)
     )
 
 
@@ -320,6 +345,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--broker-url", default="redis://127.0.0.1:6379/13")
     parser.add_argument("--redis-url", default=None, help="resilience Redis (default: broker)")
     args = parser.parse_args(argv)
+    if args.tasks < 1 or args.warmup < 0 or args.rounds < 1:
+        parser.error("--tasks and --rounds must be >= 1, --warmup >= 0")
 
     bench = Bench(args)
     print(
@@ -338,8 +365,10 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     try:
         for round_ in range(args.rounds):
+            # Every other round runs the variants in reverse order, against drift in the load.
+            order = list(VARIANTS) if round_ % 2 == 0 else list(reversed(VARIANTS))
             for pool in POOLS:
-                for variant in VARIANTS:
+                for variant in order:
                     load = os.getloadavg()[0]
                     cell = bench.run(variant, pool, round_)
                     cells[(variant, pool)].append(cell)

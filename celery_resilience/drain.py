@@ -21,7 +21,7 @@ from .backout.entry import ParkedTask
 from .backout.redis import RedisBackoutStore
 from .backout.store import NO_BREAKER, BackoutStore
 from .events import replay_dispatcher
-from .parking import REPLAYS_HEADER
+from .parking import REPLAYS_HEADER, rejected_replays
 
 if TYPE_CHECKING:
     from .resilience import Resilience
@@ -30,6 +30,8 @@ logger = logging.getLogger("celery_resilience.drain")
 
 #: Seconds a claimed entry stays with the drainer before it is due again.
 DEFAULT_LEASE = 60.0
+#: Replays (counting those the breaker turned away) after which an entry is dead regardless.
+REJECTED_REPLAYS_FACTOR = 10
 #: When a publish fails, the entries it left are due again this much later (seconds).
 PUBLISH_RETRY_DELAY = 5.0
 _local_locks: dict[int, threading.Lock] = {}
@@ -262,7 +264,12 @@ class Drainer:
             return entry.dead_reason or "undecodable"  # undecodable, or unreadable metadata
         if entry.task_name not in self.resilience.app.tasks:
             return "unregistered"
-        if entry.replays >= self.config.max_replays:
+        rejected = rejected_replays(entry.options.get("headers"))
+        # Replays the breaker turned away unrun are not attempts; a hard cap still ends a
+        # task that is turned away forever.
+        if entry.replays - rejected >= self.config.max_replays:
+            return "max_replays"
+        if entry.replays >= self.config.max_replays * REJECTED_REPLAYS_FACTOR:
             return "max_replays"
         return None
 

@@ -24,6 +24,9 @@ logger = logging.getLogger("celery_resilience.park")
 
 #: Message header carrying how often a parked task was replayed.
 REPLAYS_HEADER = "resilience_replays"
+#: Header counting replays the breaker rejected before the body ran (a half-open breaker
+#: whose probe slot another call took): they must not use up ``resilience_max_replays``.
+REJECTED_HEADER = "resilience_rejected"
 #: Execution options that are entry fields of their own, or meaningless in a new message.
 _NOT_OPTIONS = frozenset(
     {"task_id", "retries", "reply_to", "origin", "delivery_tag", "redelivered", "is_eager"}
@@ -34,12 +37,25 @@ _ENTRY_NAMESPACE = uuid.UUID("5b1c6c1e-6a0f-4d55-9d0b-2f1f0c1e7a11")
 PARKED = "PARKED"
 
 
-def replays_of(request: Any) -> int:
-    value = getattr(request, REPLAYS_HEADER, None)
+def _header(request: Any, name: str) -> int:
+    value = getattr(request, name, None)
     if value is None:
-        value = (getattr(request, "headers", None) or {}).get(REPLAYS_HEADER, 0)
+        value = (getattr(request, "headers", None) or {}).get(name, 0)
     try:
         return max(0, int(value))
+    except (TypeError, ValueError):
+        return 0
+
+
+def replays_of(request: Any) -> int:
+    """How often this task was published again from the back-out store."""
+    return _header(request, REPLAYS_HEADER)
+
+
+def rejected_replays(headers: dict[str, Any] | None) -> int:
+    """Replays that the breaker turned away unrun (they do not count against max_replays)."""
+    try:
+        return max(0, int((headers or {}).get(REJECTED_HEADER, 0)))
     except (TypeError, ValueError):
         return 0
 
@@ -57,6 +73,14 @@ def publish_options(task: ResilientTask, request: Any) -> dict[str, Any]:
     return {k: v for k, v in options.items() if k not in _NOT_OPTIONS and v not in (None, {}, [])}
 
 
+def _options(task: ResilientTask, request: Any, reason: Reason, replays: int) -> dict[str, Any]:
+    options = publish_options(task, request)
+    if reason == "breaker_open" and replays > 0:
+        headers = options.setdefault("headers", {})
+        headers[REJECTED_HEADER] = _header(request, REJECTED_HEADER) + 1
+    return options
+
+
 def park(
     task: ResilientTask, reason: Reason, exc: BaseException | None, request: Any, due_in: float
 ) -> ParkedTask:
@@ -70,7 +94,7 @@ def park(
         reason=reason,
         args=request.args or (),
         kwargs=request.kwargs or {},
-        options=publish_options(task, request),
+        options=_options(task, request, reason, replays),
         breaker=task.breaker,
         exc=exc,
         retries=retries,

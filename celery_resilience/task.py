@@ -21,7 +21,7 @@ from .backout.entry import ParkedTask, Reason
 from .breaker.breaker import Admission, Permit
 from .breaker.store import Delivery
 from .errors import BreakerOpen, ConfigurationError
-from .parking import park
+from .parking import park, replays_of
 from .resilience import Resilience
 
 logger = logging.getLogger("celery_resilience.task")
@@ -130,6 +130,7 @@ class ResilientTask(Task):  # type: ignore[misc]
             delivery = Delivery(
                 task_id=request.id,
                 retries=request.retries or 0,
+                replays=replays_of(request),
                 count=bool(self.acks_late),
                 check_done=self.deduplicate,
                 ttl=config.delivery_ttl,

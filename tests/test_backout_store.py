@@ -51,11 +51,15 @@ def entry(n: int = 0, **fields: Any) -> ParkedTask:
     return ParkedTask.new(**values)
 
 
-@pytest.fixture(params=["memory", "redis"])
+@pytest.fixture(params=["memory", "redis", "django", "django-postgresql"])
 def make_store(request: pytest.FixtureRequest) -> MakeStore:
     """Builds a store of the parametrized kind; several per test share one Redis prefix."""
     if request.param == "memory":
         return MemoryBackoutStore
+    if request.param.startswith("django"):  # the ORM store on SQLite, or on PostgreSQL
+        from tests.django_settings import contract_store_factory
+
+        return contract_store_factory(request)  # type: ignore[return-value]
     client: redis.Redis = request.getfixturevalue("redis_client")
     prefix: str = request.getfixturevalue("key_prefix")
     made = 0

@@ -172,6 +172,9 @@ def test_status_table_and_json(cli: Cli) -> None:
     assert search.state == "open"
     open_until = search.snapshot()["open_until"]
     cli.res.breaker("payments").force_open()
+    legacy = cli.res.breaker("legacy")  # closed, with some calls in its window
+    legacy.acquire().success()
+    legacy.acquire().failure()  # carries the deferred success with it
 
     table, as_json = cli.many(("status",), ("status", "--json"))
     assert table.returncode == 0, str(table)
@@ -184,9 +187,12 @@ def test_status_table_and_json(cli: Cli) -> None:
     assert (breakers["payments"]["parked"], breakers["payments"]["dead"]) == (3, 1)
     assert breakers["search"]["state"] == "open"
     assert breakers["search"]["opened_total"] == 1
+    assert breakers["search"]["failures_total"] == 3
     assert breakers["search"]["open_until"] == pytest.approx(open_until)
     assert (breakers["search"]["parked"], breakers["search"]["dead"]) == (1, 0)
     assert breakers["legacy"]["state"] == "closed"
+    assert breakers["legacy"]["consecutive_failures"] == 1
+    assert (breakers["legacy"]["window_calls"], breakers["legacy"]["window_failures"]) == (2, 1)
     assert (breakers["legacy"]["parked"], breakers["legacy"]["dead"]) == (1, 0)
     assert data["no_breaker"] == {"parked": 1, "dead": 1}
 
@@ -202,6 +208,7 @@ def test_status_table_and_json(cli: Cli) -> None:
     assert rows["search"].split()[-2:] == ["1", "0"]
     assert rows["payments"].split()[1] == "forced_open"
     assert rows["payments"].split()[-2:] == ["3", "1"]
+    assert rows["legacy"].split() == ["legacy", "closed", "1", "1/2", "failed", "0", "-", "1", "0"]
     assert lines[-1] == "without breaker: 1 parked, 1 dead"
 
 
@@ -435,33 +442,30 @@ def test_open_close_reset_change_the_shared_state(cli: Cli) -> None:
 def test_unknown_breaker_and_unknown_entry(cli: Cli) -> None:
     entry = cli.park(0)
     missing = "0" * 32
-    results = cli.many(
-        ("open", "nope"),
-        ("close", "nope"),
-        ("reset", "nope"),
-        ("show", missing),
-        ("replay", missing),
-        ("replay", missing, "--json"),
-        ("drain", "--breaker", "nope"),
-        ("list", "--breaker", "nope"),
-        ("purge", "--breaker", "nope", "--yes"),
-        ("replay", "--all", "--breaker", "nope"),
-    )
-    for result in results:
+    commands = {
+        "open": ("open", "nope"),
+        "reset": ("reset", "nope"),
+        "show": ("show", missing),
+        "replay": ("replay", missing),
+        "drain": ("drain", "--breaker", "nope"),
+        "list": ("list", "--breaker", "nope"),
+        "purge": ("purge", "--breaker", "nope", "--yes"),
+        "replay --all": ("replay", "--all", "--breaker", "nope"),
+    }
+    results = dict(zip(commands, cli.many(*commands.values()), strict=True))
+    for result in results.values():
         assert result.returncode == 1, str(result)
-    for result in results[:3]:
-        assert "unknown breaker 'nope'" in result.stderr
-        assert "payments, search" in result.stderr  # the known ones are named
-    assert f"no parked task with id {missing!r}" in results[3].stderr
-    for result in results[4:6]:
-        assert missing in result.stderr
-        assert "no parked task" in result.stderr
-    assert results[5].json()["failed"][0]["id"] == missing
-    for result in results[6:]:  # a filter naming no breaker is a typo, not an empty store
-        assert "unknown breaker 'nope'" in result.stderr
+    for name in ("open", "reset"):
+        assert "unknown breaker 'nope'" in results[name].stderr
+        assert "payments, search" in results[name].stderr  # the known ones are named
+    assert f"no parked task with id {missing!r}" in results["show"].stderr
+    assert f"could not replay {missing}: no parked task" in results["replay"].stderr
+    for name in ("drain", "list", "purge", "replay --all"):  # a typo, not an empty store
+        assert "unknown breaker 'nope'" in results[name].stderr, str(results[name])
     assert cli.ids() == [entry.id]  # nothing happened to the real entry
     assert cli.res.breaker("payments").state == "closed"
     assert "nope" not in cli.res.breaker_names()
+    assert cli.published() == []
 
 
 def test_replay_of_an_unregistered_task_says_so(cli: Cli) -> None:

@@ -26,7 +26,7 @@ class MemoryBreakerStore:
         self._clock = clock
         self._lock = threading.Lock()
         self._states: dict[str, BreakerState] = {}
-        self._deliveries: dict[tuple[str | None, str, int], int] = {}
+        self._deliveries: dict[tuple[str | None, str, int, int], int] = {}
         self._done: dict[tuple[str | None, str], int] = {}  # -> expiry (µs)
 
     def _state(self, name: str) -> BreakerState:
@@ -57,7 +57,7 @@ class MemoryBreakerStore:
     def _deliver(self, scope: str | None, delivery: Delivery, now: int) -> tuple[int, Skip]:
         deliveries = 0
         if delivery.count:
-            key = (scope, delivery.task_id, delivery.retries)
+            key = (scope, delivery.task_id, delivery.retries, delivery.replays)
             deliveries = self._deliveries[key] = self._deliveries.get(key, 0) + 1
         expiry = self._done.get((scope, delivery.task_id), 0)
         return deliveries, delivery.skip(deliveries, delivery.check_done and expiry > now)

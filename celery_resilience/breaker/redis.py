@@ -8,7 +8,7 @@ key                                     type  holds
 ``{<prefix>:breaker:<name>}:state``     hash  state, counters, sliding-window buckets, totals
 ``{<prefix>:breaker:<name>}:probes``    zset  half-open probe permit id -> lease expiry (µs)
 ``<prefix>:breakers``                   set   names of breakers ever used (for listings)
-``{<tag>}:delivery:<task id>:<retries>``  str   deliveries of one message (redelivery guard)
+``{<tag>}:delivery:<id>:<retries>:<replays>``  str  deliveries of one message (redelivery guard)
 ``{<tag>}:done:<task id>``              str   the task id succeeded (``deduplicate=True``)
 ======================================  ====  ================================================
 
@@ -56,7 +56,7 @@ class RedisBreakerStore:
     def _delivery_keys(self, scope: str | None, delivery: Delivery) -> tuple[str, str]:
         tag = self._tag(scope)
         return (
-            f"{tag}:delivery:{delivery.task_id}:{delivery.retries}",
+            f"{tag}:delivery:{delivery.task_id}:{delivery.retries}:{delivery.replays}",
             f"{tag}:done:{delivery.task_id}",
         )
 

@@ -12,13 +12,14 @@ from .model import Action, Change, Decision, Kind, Limits, Skip
 class Delivery:
     """Task-level questions asked in the same round trip as the breaker's permit.
 
-    ``count``: count this delivery of (task id, retries), to spot a message redelivered in a
-    loop (past ``max_deliveries``, 0 = no limit); ``check_done``: has this task id already
+    ``count``: count this delivery of (task id, retries, replays), to spot a message redelivered in
+    a loop (past ``max_deliveries``, 0 = no limit); ``check_done``: has this task id already
     succeeded (``deduplicate=True``)?
     """
 
     task_id: str
     retries: int
+    replays: int = 0
     count: bool = False
     check_done: bool = False
     ttl: int = 3600

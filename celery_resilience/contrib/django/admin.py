@@ -53,11 +53,11 @@ class ParkedTaskRecordAdmin(admin.ModelAdmin):  # type: ignore[misc]  # Django i
         """Replay and discard remove entries: they need the model's delete permission."""
         return bool(request.user.has_perm(f"{self.opts.app_label}.delete_{self.opts.model_name}"))
 
-    @admin.display(description="parked at", ordering="parked_at")
+    @admin.display(description="parked at", ordering="parked_at")  # type: ignore[untyped-decorator]
     def parked(self, record: ParkedTaskRecord) -> str:
         return when(record.parked_at)
 
-    @admin.display(description="due at", ordering="due_at")
+    @admin.display(description="due at", ordering="due_at")  # type: ignore[untyped-decorator]
     def due(self, record: ParkedTaskRecord) -> str:
         return when(record.due_at)
 
@@ -89,13 +89,13 @@ class ParkedTaskRecordAdmin(admin.ModelAdmin):  # type: ignore[misc]  # Django i
             return None
         return backout
 
-    @admin.action(description="Replay now", permissions=["act"])
+    @admin.action(description="Replay now", permissions=["act"])  # type: ignore[untyped-decorator]
     def replay_now(self, request: HttpRequest, queryset: Any) -> None:
         backout = self._backout(request, queryset.db)
         if backout is not None:
             actions.replay(self, request, backout, queryset.values_list("pk", flat=True))
 
-    @admin.action(description="Discard", permissions=["act"])
+    @admin.action(description="Discard", permissions=["act"])  # type: ignore[untyped-decorator]
     def discard(self, request: HttpRequest, queryset: Any) -> None:
         store = self._store(queryset.db)
         ids = list(queryset.values_list("pk", flat=True))
@@ -146,4 +146,3 @@ class ParkedTaskRecordAdmin(admin.ModelAdmin):  # type: ignore[misc]  # Django i
             **(extra_context or {}),
         }
         return TemplateResponse(request, "admin/celery_resilience/entry_detail.html", context)
-

@@ -53,16 +53,18 @@ class StoreEntryAdmin(admin.ModelAdmin):  # type: ignore[misc]  # Django is unty
         return bool(request.user.has_perm(codename))
 
     def get_urls(self) -> builtins.list[Any]:
-        info = self.opts.app_label, self.opts.model_name
+        prefix = f"{self.opts.app_label}_{self.opts.model_name}"
         view = self.admin_site.admin_view
         return [
-            path("", view(self.changelist_view), name="%s_%s_changelist" % info),
-            path("<str:entry_id>/", view(self.detail_view), name="%s_%s_change" % info),
+            path("", view(self.changelist_view), name=f"{prefix}_changelist"),
+            path("<str:entry_id>/", view(self.detail_view), name=f"{prefix}_change"),
         ]
 
     def _url(self, name: str, *args: str) -> str:
-        info = self.admin_site.name, self.opts.app_label, self.opts.model_name
-        return reverse("%s:%s_%s_" % info + name, args=args)
+        opts = self.opts
+        return str(
+            reverse(f"{self.admin_site.name}:{opts.app_label}_{opts.model_name}_{name}", args=args)
+        )
 
     def _context(self, request: HttpRequest, title: str, **extra: Any) -> dict[str, Any]:
         return {
@@ -146,7 +148,8 @@ class StoreEntryAdmin(admin.ModelAdmin):  # type: ignore[misc]  # Django is unty
         if not query:
             found = backout.list(**chosen, limit=size + 1, offset=page * size)
             return found[:size], len(found) > size
-        needle, matches, offset = query.lower(), [], 0
+        needle, offset = query.lower(), 0
+        matches: builtins.list[ParkedTask] = []
         wanted = (page + 1) * size + 1
         while offset < SEARCH_SCAN_LIMIT and len(matches) < wanted:
             batch = backout.list(**chosen, limit=_SCAN_PAGE, offset=offset)

@@ -27,7 +27,7 @@ def celery_app() -> Any:
     from kombu.utils.imports import symbol_by_name
 
     try:
-        app = symbol_by_name(path)
+        app = symbol_by_name(path)  # type: ignore[no-untyped-call]
     except (ImportError, AttributeError, ValueError) as exc:
         raise ImproperlyConfigured(
             f"{SETTING} must be the dotted path of a Celery app ('proj.celery:app'), "

@@ -23,7 +23,7 @@ def when(seconds: float | None) -> str:
     from django.utils.timezone import localtime
 
     moment = localtime(datetime.fromtimestamp(seconds, tz=timezone.utc))
-    return moment.strftime("%Y-%m-%d %H:%M:%S %Z")
+    return str(moment.strftime("%Y-%m-%d %H:%M:%S %Z"))
 
 
 def pretty(value: Any) -> str:

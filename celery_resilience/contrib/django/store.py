@@ -23,12 +23,17 @@ from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, cast
 
-from django.db import IntegrityError, InterfaceError, OperationalError, connections
-from django.db import transaction
+from django.db import IntegrityError, InterfaceError, OperationalError, connections, transaction
 from django.db.models import F
 
-from ...backout.entry import UNDECODABLE_TASK, ParkedTask, Reason, Status, decode, encode
-from ...backout.entry import UndecodableEntry, store_accept
+from ...backout.entry import (
+    UNDECODABLE_TASK,
+    ParkedTask,
+    Reason,
+    Status,
+    encode,
+    store_accept,
+)
 from ...backout.store import (
     Meta,
     StoreFull,
@@ -92,14 +97,8 @@ class DjangoBackoutStore:
         return self._model.objects.using(self.using)
 
     def _filtered(self, breaker: str | None, status: str | None, reason: str | None) -> Any:
-        rows = self._rows()
-        if breaker is not None:
-            rows = rows.filter(breaker=breaker)
-        if status is not None:
-            rows = rows.filter(status=status)
-        if reason is not None:
-            rows = rows.filter(reason=reason)
-        return rows
+        wanted = {"breaker": breaker, "status": status, "reason": reason}
+        return self._rows().filter(**{k: v for k, v in wanted.items() if v is not None})
 
     # -- writes ---------------------------------------------------------------------------
 
@@ -210,30 +209,26 @@ class DjangoBackoutStore:
                 skip = features.has_select_for_update_skip_locked
                 due = due.select_for_update(skip_locked=skip)
             rows = list(due.values_list(*_COLUMNS)[:limit])
-            end = now + lease
-            for start in range(0, len(rows), _CHUNK):
-                chunk = [row[0] for row in rows[start : start + _CHUNK]]
-                self._rows().filter(pk__in=chunk).update(due_at=end, lease_until=end)
-        return [self._read(*row) for row in rows]
+            for chunk in _chunks([row[0] for row in rows]):
+                self._rows().filter(pk__in=chunk).update(
+                    due_at=now + lease, lease_until=now + lease
+                )
+        return [self._read(row) for row in rows]
 
     def ack(self, entry_ids: Sequence[str]) -> int:
         """Remove entries that were published (the end of a claim)."""
-        removed = 0
         with _reachable():
-            for start in range(0, len(entry_ids), _CHUNK):
-                chunk = list(entry_ids[start : start + _CHUNK])
-                removed += self._rows().filter(pk__in=chunk).delete()[0]
-        return removed
+            return sum(self._rows().filter(pk__in=c).delete()[0] for c in _chunks(entry_ids))
 
     def release(self, breaker: str, entry_ids: Sequence[str], due_at: float) -> int:
         """Give claimed entries back, due again at ``due_at``; ``breaker`` is not needed here."""
-        released = 0
         with _reachable():
-            for start in range(0, len(entry_ids), _CHUNK):
-                chunk = list(entry_ids[start : start + _CHUNK])
-                claimed = self._rows().filter(pk__in=chunk, lease_until__isnull=False)
-                released += claimed.update(due_at=due_at, lease_until=None)
-        return released
+            return sum(
+                self._rows()
+                .filter(pk__in=chunk, lease_until__isnull=False)
+                .update(due_at=due_at, lease_until=None)
+                for chunk in _chunks(entry_ids)
+            )
 
     def in_flight(self) -> int:
         with _reachable():
@@ -251,7 +246,7 @@ class DjangoBackoutStore:
     def get(self, entry_id: str) -> ParkedTask | None:
         with _reachable():
             row = self._rows().filter(pk=entry_id).values_list(*_COLUMNS).first()
-        return None if row is None else self._read(*row)
+        return None if row is None else self._read(row)
 
     def count(self, breaker: str | None = None, status: str | None = None) -> int:
         check_filters(status)
@@ -277,22 +272,15 @@ class DjangoBackoutStore:
         rows = self._filtered(breaker, status, reason).order_by("-parked_at", "-id")
         with _reachable():
             page = list(rows.values_list(*_COLUMNS)[offset : offset + limit])
-        return [self._read(*row) for row in page]
+        return [self._read(row) for row in page]
 
     def read_record(self, record: Any) -> ParkedTask:
         """The entry of a ``ParkedTaskRecord`` (the admin), a placeholder if undecodable."""
-        return self._read(*(getattr(record, c) for c in _COLUMNS))
+        return self._read(tuple(getattr(record, c) for c in _COLUMNS))
 
-    def _read(
-        self,
-        entry_id: str,
-        payload: Any,
-        breaker: str,
-        status: str,
-        reason: str,
-        dead_reason: str,
-        parked_at: float,
-    ) -> ParkedTask:
+    def _read(self, row: tuple[Any, ...]) -> ParkedTask:
+        """The entry of a row of ``_COLUMNS``."""
+        entry_id, payload, breaker, status, reason, dead_reason, parked_at = row
         meta = Meta(breaker, cast(Status, status), cast(Reason, reason), dead_reason or None)
         return read_entry(entry_id, bytes(payload), meta, parked_at, self.accept)
 
@@ -310,16 +298,11 @@ class DjangoBackoutStore:
         """Store raw payload bytes (replacing an entry's, or as a new parked entry): tests only."""
         if self._rows().filter(pk=entry_id).update(payload=data):
             return
-        try:
-            decoded = decode(data, self.accept)
-            task_name, task_id = decoded.task_name, decoded.task_id
-        except UndecodableEntry:
-            task_name, task_id = UNDECODABLE_TASK, ""
         when = time.time() if parked_at is None else parked_at
         self._rows().create(
             id=entry_id,
-            task_name=task_name,
-            task_id=task_id,
+            task_name=UNDECODABLE_TASK,  # the columns are only for filters: unknown here
+            task_id="",
             breaker=breaker_key(breaker),
             reason=reason,
             status="parked",
@@ -327,6 +310,12 @@ class DjangoBackoutStore:
             due_at=when,
             payload=data,
         )
+
+
+def _chunks(ids: Sequence[str]) -> Iterator[builtins.list[str]]:
+    """``ids`` in lists small enough for one statement on every backend."""
+    for start in range(0, len(ids), _CHUNK):
+        yield list(ids[start : start + _CHUNK])
 
 
 def make_store(resilience: Resilience) -> DjangoBackoutStore:

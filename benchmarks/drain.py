@@ -1,0 +1,263 @@
+"""Drain throughput against the raw ``send_task`` publish rate, with and without events.
+
+    python benchmarks/drain.py [--entries N] [--rounds R] [--broker-url URL]
+
+All in one run, on one Redis broker (default ``redis://127.0.0.1:6379/13``, which is also the
+back-out store's Redis), with a queue and key prefix of this run's own (the broker keeps its
+keys under ``<prefix>:broker:`` through kombu's ``global_keyprefix``):
+
+1. raw: ``app.send_task(name, args=[i], task_id=..., queue=q, producer=p)`` for N messages in
+   one loop with one producer (``with app.producer_or_acquire() as p``): the machine's ceiling;
+2. drain, events on: N entries parked in the back-out store, then one timed
+   ``Resilience(app).drain()`` (``resilience_drain_rate`` far above anything reachable,
+   ``resilience_drain_batch`` 500): claim, publish with the original task id, a
+   ``task-replayed`` event per entry, ack;
+3. drain, events off: the same with ``celery_resilience.drain.replay_dispatcher`` replaced by a
+   no-op, so 2 - 3 is what the events cost;
+4. drain, publish off: the same with ``celery_resilience.drain.publish`` a no-op as well: what
+   the back-out store's claim and ack cost alone.
+
+Each drain phase checks that the store ended empty and the queue holds N new messages. No worker
+consumes the queue; it is emptied between phases. A short untimed warm-up comes first; then the
+four phases run in turn R times (default 3) and the table shows each phase's best round (least
+time: other load on the machine only ever adds time) and the spread (slowest / best), so the
+ratios compare phases measured side by side. Beside wall time it shows this process's CPU time
+per task (``time.process_time``), which other load disturbs much less: on a busy machine
+compare the CPU columns. Only keys under this run's prefix are deleted at the end; nothing is
+flushed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import redis
+from celery import Celery
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import celery_resilience.drain as drain_module
+from celery_resilience import ParkedTask, Resilience
+from celery_resilience.events import ReplayEvents
+
+TASK = "bench.drain_target"
+BATCH = 500
+WARMUP = 200
+
+
+@dataclass
+class Row:
+    label: str
+    tasks: int
+    seconds: float
+    cpu: float  # CPU seconds of this process
+    spread: float = 1.0  # slowest round / best round
+
+    @property
+    def rate(self) -> float:
+        return self.tasks / self.seconds if self.seconds > 0 else float("inf")
+
+
+def best(rounds: list[Row]) -> Row:
+    fastest = min(rounds, key=lambda r: r.seconds)
+    slowest = max(r.seconds for r in rounds)
+    cpu = min(r.cpu for r in rounds)
+    return Row(fastest.label, fastest.tasks, fastest.seconds, cpu, slowest / fastest.seconds)
+
+
+def make_app(broker_url: str, prefix: str, queue: str) -> Celery:
+    app = Celery(f"bench-drain-{prefix}", set_as_current=False)
+    app.conf.update(
+        broker_url=broker_url,
+        broker_transport_options={"global_keyprefix": f"{prefix}:broker:"},
+        broker_connection_retry_on_startup=True,
+        task_default_queue=queue,
+        task_ignore_result=True,
+        result_backend=None,
+        worker_enable_remote_control=False,
+        resilience_redis_url=broker_url,
+        resilience_key_prefix=prefix,
+        resilience_breakers={"bench": {}},
+        resilience_drain_rate=1e9,  # never the limit
+        resilience_drain_batch=BATCH,
+        resilience_max_replays=1_000,
+    )
+
+    @app.task(name=TASK, shared=False)
+    def target(i: int) -> None:
+        return None
+
+    return app
+
+
+@contextlib.contextmanager
+def _no_events(app: Any, hostname: str | None = None) -> Iterator[ReplayEvents]:
+    yield ReplayEvents(None)
+
+
+def _no_publish(resilience: Any, entry: Any, producer: Any = None) -> None:
+    return None
+
+
+@contextlib.contextmanager
+def patched(name: str, replacement: Callable[..., Any]) -> Iterator[None]:
+    """Replace ``celery_resilience.drain.<name>`` (what the drainer looks up) for a while."""
+    original = getattr(drain_module, name)
+    setattr(drain_module, name, replacement)
+    try:
+        yield
+    finally:
+        setattr(drain_module, name, original)
+
+
+class Bench:
+    def __init__(self, broker_url: str) -> None:
+        self.prefix = f"bench-drain-{uuid.uuid4().hex[:10]}"
+        self.queue = f"{self.prefix}-q"
+        self.app = make_app(broker_url, self.prefix, self.queue)
+        self.resilience = Resilience(self.app)
+        self.store = self.resilience.backout_store
+        self.client = redis.Redis.from_url(broker_url)
+        self.queue_key = f"{self.prefix}:broker:{self.queue}"
+        self.serial = 0
+
+    def queued(self) -> int:
+        return int(self.client.llen(self.queue_key))
+
+    def empty_queue(self) -> None:
+        self.client.delete(self.queue_key)
+
+    def raw(self, n: int) -> Row:
+        ids = [f"{self.prefix}-raw-{self.serial}-{i}" for i in range(n)]
+        self.serial += 1
+        before = self.queued()
+        with self.app.producer_or_acquire() as producer:
+            started, cpu = time.perf_counter(), time.process_time()
+            for i, task_id in enumerate(ids):
+                self.app.send_task(
+                    TASK, args=[i], task_id=task_id, queue=self.queue, producer=producer
+                )
+            seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
+        assert self.queued() - before == n, "raw publish lost messages"
+        self.empty_queue()
+        return Row("raw send_task, one producer", n, seconds, cpu)
+
+    def park(self, n: int) -> None:
+        now = self.resilience.now() - 1.0  # due at once
+        serial, self.serial = self.serial, self.serial + 1
+        for i in range(n):
+            self.store.park(
+                ParkedTask.new(
+                    task_name=TASK,
+                    task_id=f"{self.prefix}-parked-{serial}-{i}",
+                    args=[i],
+                    options={"queue": self.queue},
+                    breaker="bench",
+                    reason="breaker_open",
+                    parked_at=now,
+                    due_at=now,
+                )
+            )
+
+    def drain(self, n: int, label: str, publishes: bool = True) -> Row:
+        self.park(n)
+        assert self.store.count() == n, "parking lost entries"
+        before = self.queued()
+        started, cpu = time.perf_counter(), time.process_time()
+        report = self.resilience.drain()
+        seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
+        assert report.replayed == n, report
+        assert not report.errors, report
+        assert self.store.count() == 0, "drain left entries behind"
+        if publishes:
+            assert self.queued() - before == n, "drain lost messages"
+        self.empty_queue()
+        return Row(label, n, seconds, cpu)
+
+    def run(self, n: int, rounds: int) -> list[Row]:
+        # Warm-up: connections, script loading, queue declaration; not timed.
+        self.raw(WARMUP)
+        self.drain(WARMUP, "warm-up")
+        with patched("replay_dispatcher", _no_events):
+            self.drain(WARMUP, "warm-up")
+        phases: list[list[Row]] = [[], [], [], []]
+        for _ in range(rounds):
+            phases[0].append(self.raw(n))
+            phases[1].append(self.drain(n, "drain, task-replayed events on"))
+            with patched("replay_dispatcher", _no_events):
+                phases[2].append(self.drain(n, "drain, events off (no-op dispatcher)"))
+                with patched("publish", _no_publish):
+                    phases[3].append(self.drain(n, "drain, publish off too", publishes=False))
+        return [best(phase) for phase in phases]
+
+    def cleanup(self) -> None:
+        for pattern in (f"{self.prefix}*", f"{{{self.prefix}*"):
+            found = list(self.client.scan_iter(match=pattern, count=1000))
+            if found:
+                self.client.delete(*found)
+
+
+def report(rows: list[Row], n: int, rounds: int, broker_url: str) -> str:
+    raw, on, off, store_only = rows
+    lines = [
+        f"drain benchmark: {n} entries per phase, best of {rounds} rounds, broker and store "
+        f"{broker_url}, drain batch {BATCH}, drain rate unlimited",
+        "",
+        f"{'':<38} {'':>6} {'--------- wall time, best round ---------':>41}"
+        f" {'-- CPU, client --':>17}",
+        f"{'phase':<38} {'tasks':>6} {'seconds':>8} {'tasks/s':>8} {'us/task':>8} "
+        f"{'vs raw':>6} {'spread':>6} {'us/task':>8} {'vs raw':>8}",
+        "-" * 114,
+    ]
+    for row in rows:
+        lines.append(
+            f"{row.label:<38} {row.tasks:>6} {row.seconds:>8.3f} {row.rate:>8.0f} "
+            f"{1e6 * row.seconds / row.tasks:>8.1f} {row.rate / raw.rate:>6.2f} "
+            f"{row.spread:>6.2f} {1e6 * row.cpu / row.tasks:>8.1f} {raw.cpu / row.cpu:>8.2f}"
+        )
+
+    def us(seconds: float) -> str:
+        return f"{1e6 * seconds / n:.1f} us"
+
+    lines += [
+        "",
+        "per entry, wall (client CPU):",
+        f"  task-replayed events        {us(on.seconds - off.seconds)} "
+        f"({us(on.cpu - off.cpu)}): {100 * (on.seconds - off.seconds) / on.seconds:.0f}% of the "
+        "drain with events",
+        f"  publish inside the drain    {us(off.seconds - store_only.seconds)} "
+        f"({us(off.cpu - store_only.cpu)}); raw send_task {us(raw.seconds)} ({us(raw.cpu)})",
+        f"  back-out store claim + ack  {us(store_only.seconds)} ({us(store_only.cpu)})",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--entries", type=int, default=5000, help="messages / entries per phase")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of the four phases")
+    parser.add_argument("--broker-url", default="redis://127.0.0.1:6379/13")
+    args = parser.parse_args(argv)
+    if args.entries < 1 or args.rounds < 1:
+        parser.error("--entries and --rounds must be >= 1")
+    logging.getLogger("celery_resilience").setLevel(logging.ERROR)  # no "Drain: ..." per phase
+    bench = Bench(args.broker_url)
+    try:
+        rows = bench.run(args.entries, args.rounds)
+    finally:
+        bench.cleanup()
+    print(report(rows, args.entries, args.rounds, args.broker_url))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

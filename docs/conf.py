@@ -1,0 +1,45 @@
+"""Sphinx configuration of the celery-resilience documentation.
+
+Build with warnings as errors::
+
+    sphinx-build -W -b html docs docs/_build/html
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE / "_ext"))
+
+import celery_resilience  # noqa: E402
+
+project = "celery-resilience"
+author = "celery-resilience contributors"
+copyright = "celery-resilience contributors"
+release = celery_resilience.__version__
+version = ".".join(release.split(".")[:2])
+
+extensions = [
+    "sphinx.ext.autodoc",
+    "sphinx.ext.viewcode",
+    "sphinx_click",
+    "resilience_docs",
+]
+
+root_doc = "index"
+exclude_patterns = ["_build"]
+templates_path: list[str] = []
+html_static_path: list[str] = []
+
+pygments_style = "sphinx"
+highlight_language = "default"
+
+html_theme = "furo"
+html_title = f"celery-resilience {release}"
+
+autodoc_member_order = "bysource"
+autodoc_typehints = "signature"
+autodoc_default_options = {"show-inheritance": False}
+autoclass_content = "class"

@@ -1,0 +1,76 @@
+"""Charging an order through the shared ``payments`` breaker.
+
+What happens to one delivery of ``charge_order`` (all of it is ``ResilientTask``'s work):
+
+* the gateway answers: the order is charged; ``deduplicate=True`` remembers the task id, so a
+  replay or a duplicate message of the same task id is skipped;
+* the gateway is down (``retry_on``): the failure counts toward the breaker, and the task is
+  retried with jittered exponential backoff (0.2 s, 0.4 s, 0.8 s... at most 2 s), 3 times at
+  most, then parked with reason ``retries_exhausted``;
+* the breaker is open (5 failures in a row, from any worker): the task is parked at once,
+  without calling the gateway (reason ``breaker_open``); beat's ``celery_resilience.drain``
+  replays it, with the same task id, once the breaker admits calls again;
+* the card is declined (``PaymentDeclined``): a normal Celery FAILURE, the order is ``failed``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import shared_task, states
+from celery.signals import task_failure, task_postrun
+from celery_resilience import ResilientTask, backoff
+from django.db.models import F
+
+from . import payments
+from .models import Order
+
+CHARGE_TASK = "orders.charge_order"
+
+
+@shared_task(
+    name=CHARGE_TASK,
+    base=ResilientTask,
+    bind=True,
+    acks_late=True,
+    breaker="payments",
+    retry_on=(ConnectionError, TimeoutError, payments.GatewayUnavailable),
+    max_retries=3,
+    backoff=backoff.Exponential(base=0.2, cap=2.0, jitter="full"),
+    deduplicate=True,
+)
+def charge_order(self: ResilientTask, order_id: int) -> dict[str, Any]:
+    order = Order.objects.get(pk=order_id)
+    if order.status == Order.Status.CHARGED:  # charged by an earlier delivery: never twice
+        return {"order_id": order_id, "charge_id": order.charge_id, "already": True}
+    Order.objects.filter(pk=order_id).update(attempts=F("attempts") + 1)
+    receipt = payments.charge(order_id, order.amount)
+    Order.objects.filter(pk=order_id).update(
+        status=Order.Status.CHARGED,
+        charge_count=F("charge_count") + 1,
+        charge_id=receipt["charge_id"],
+    )
+    return {"order_id": order_id, "charge_id": receipt["charge_id"]}
+
+
+def _order_id(args: Any, kwargs: Any) -> Any:
+    return args[0] if args else (kwargs or {}).get("order_id")
+
+
+# A parked delivery ends with Celery's Ignore (state IGNORED): its message is acked, its entry
+# is in the back-out store. A delivery skipped because it already succeeded ends the same way,
+# but its order is charged: only a pending order becomes "parked".
+@task_postrun.connect(dispatch_uid="orders.note_parked")
+def _note_parked(task: Any = None, args: Any = None, kwargs: Any = None, **info: Any) -> None:
+    if getattr(task, "name", None) == CHARGE_TASK and info.get("state") == states.IGNORED:
+        Order.objects.filter(pk=_order_id(args, kwargs), status=Order.Status.PENDING).update(
+            status=Order.Status.PARKED
+        )
+
+
+@task_failure.connect(dispatch_uid="orders.note_failed")
+def _note_failed(sender: Any = None, args: Any = None, kwargs: Any = None, **_: Any) -> None:
+    if getattr(sender, "name", None) == CHARGE_TASK:
+        Order.objects.filter(pk=_order_id(args, kwargs)).exclude(
+            status=Order.Status.CHARGED
+        ).update(status=Order.Status.FAILED)

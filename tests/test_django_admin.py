@@ -1,0 +1,439 @@
+"""The admin shows, replays and discards the parked tasks of the app's configured store.
+
+Django's test client, logged in as a superuser, against the ``default`` test database
+(``RESILIENCE_TEST_DB``). The Celery app uses Redis database 15 under a fresh key prefix and
+a queue of its own; "Replay now" is checked by reading the published message from that queue.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+
+from celery_resilience import ParkedTask, Resilience
+from tests import django_settings
+
+TASK = "shop.charge"
+APP: Celery | None = None  # CELERY_RESILIENCE_APP = "tests.test_django_admin:APP"
+STORE_URL = "/admin/celery_resilience/storeentry/"
+RECORD_URL = "/admin/celery_resilience/parkedtaskrecord/"
+
+
+def charge(order: int, note: str | None = None) -> int:
+    return order
+
+
+@pytest.fixture
+def django_db(request: pytest.FixtureRequest) -> Iterator[None]:
+    """The ``default`` test database, emptied of what the test made."""
+    django_settings.ensure_test_database("default", request.config)
+    yield
+    from django.contrib.auth.models import User
+
+    django_settings.clear("default")
+    User.objects.all().delete()
+
+
+@pytest.fixture
+def queue(redis_client: redis.Redis) -> Iterator[str]:
+    name = f"admin-test-{uuid.uuid4().hex[:12]}"
+    yield name
+    redis_client.delete(name, f"_kombu.binding.{name}")
+
+
+def published(client: redis.Redis, queue: str) -> list[dict[str, Any]]:
+    """Task messages waiting in ``queue`` (kombu's Redis list), as headers + args/kwargs."""
+    found = []
+    for raw in client.lrange(queue, 0, -1):
+        message = json.loads(raw)
+        args, kwargs, _ = json.loads(base64.b64decode(message["body"]))
+        found.append({**message["headers"], "args": args, "kwargs": kwargs})
+    return found
+
+
+@pytest.fixture
+def make_resilience(
+    django_db: None, redis_url: str, key_prefix: str, queue: str, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Callable[[str], Resilience]]:
+    """``make(store)``: the app the admin finds through ``CELERY_RESILIENCE_APP``, parking in
+    ``store`` ("redis" or "django"), and its Resilience."""
+    from django.test import override_settings
+
+    made: list[Resilience] = []
+
+    def make(store: str) -> Resilience:
+        app = Celery("admin-test", broker=redis_url, set_as_current=False)
+        app.conf.task_default_queue = queue
+        app.conf.resilience_redis_url = redis_url
+        app.conf.resilience_key_prefix = key_prefix
+        app.conf.resilience_backout_store = store
+        app.task(name=TASK)(charge)
+        monkeypatch.setattr(f"{__name__}.APP", app)
+        made.append(Resilience.install(app, Resilience(app)))
+        return made[-1]
+
+    with override_settings(CELERY_RESILIENCE_APP=f"{__name__}:APP"):
+        yield make
+    for instance in made:
+        if instance._client is not None:
+            instance._client.close()
+        instance.app.close()
+
+
+@pytest.fixture(params=["redis", "django"])
+def resilience(
+    request: pytest.FixtureRequest, make_resilience: Callable[[str], Resilience]
+) -> Resilience:
+    """An app on each kind of store, Redis and the database."""
+    return make_resilience(request.param)
+
+
+@pytest.fixture
+def db_resilience(make_resilience: Callable[[str], Resilience]) -> Resilience:
+    return make_resilience("django")
+
+
+@pytest.fixture
+def admin_client(django_db: None) -> Any:
+    from django.contrib.auth.models import User
+    from django.test import Client
+
+    user = User.objects.create_superuser("boss", "boss@example.com", "pw")
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def park(resilience: Resilience, n: int, **fields: Any) -> ParkedTask:
+    values: dict[str, Any] = {
+        "task_name": TASK,
+        "task_id": f"order-{n}-{uuid.uuid4().hex[:6]}",
+        "reason": "breaker_open",
+        "breaker": "payments",
+        "args": [n],
+        "kwargs": {"note": f"note-{n}"},
+        "options": {"time_limit": 60},
+        "exc_type": "builtins.ConnectionError",
+        "exc_message": f"gateway refused {n}",
+        "traceback": f"Traceback (most recent call last):\n  frame-{n}\nConnectionError\n",
+        "parked_at": 1_700_000_000.0 + n,
+    }
+    values.update(fields)
+    entry = ParkedTask.new(**values)
+    resilience.backout_store.park(entry)
+    return entry
+
+
+def text(response: Any) -> str:
+    assert response.status_code == 200, response.status_code
+    return str(response.content.decode())
+
+
+# -- the configured store's page ------------------------------------------------------------
+
+
+def test_index_links_the_configured_store_page(resilience: Resilience, admin_client: Any) -> None:
+    page = text(admin_client.get("/admin/"))
+    assert "Parked tasks (configured store)" in page
+    assert STORE_URL in page
+    assert f"{STORE_URL}add/" not in page  # read-only
+
+
+def test_list_shows_the_configured_stores_entries(
+    resilience: Resilience, admin_client: Any
+) -> None:
+    entries = [park(resilience, n) for n in range(3)]
+    page = text(admin_client.get(STORE_URL))
+    for e in entries:
+        assert e.id in page
+        assert e.task_id in page
+    assert "3 entries" in page
+    # Newest first, as the store lists them.
+    assert page.index(entries[2].id) < page.index(entries[1].id) < page.index(entries[0].id)
+
+
+def test_the_page_shows_the_right_store_kind(resilience: Resilience) -> None:
+    from celery_resilience.backout import RedisBackoutStore
+    from celery_resilience.contrib.django.store import DjangoBackoutStore
+
+    kind = resilience.app.conf.resilience_backout_store
+    expected = DjangoBackoutStore if kind == "django" else RedisBackoutStore
+    assert isinstance(resilience.backout_store, expected)
+
+
+def test_filters_narrow_the_list(resilience: Resilience, admin_client: Any) -> None:
+    pay = park(resilience, 1, breaker="payments", reason="breaker_open")
+    mail = park(resilience, 2, breaker="mail", reason="retries_exhausted")
+    bare = park(resilience, 3, breaker=None, reason="park_on")
+    dead = park(resilience, 4, breaker="payments", reason="retries_exhausted")
+    resilience.backout.store.mark_dead(dead.id, "max_replays")
+
+    def listed(query: str) -> set[str]:
+        page = text(admin_client.get(STORE_URL + query))
+        return {e.id for e in (pay, mail, bare, dead) if e.id in page}
+
+    assert listed("") == {pay.id, mail.id, bare.id, dead.id}
+    assert listed("?breaker=payments") == {pay.id, dead.id}
+    assert listed("?breaker=-") == {bare.id}
+    assert listed("?reason=retries_exhausted") == {mail.id, dead.id}
+    assert listed("?status=dead") == {dead.id}
+    assert listed("?status=parked&breaker=payments") == {pay.id}
+    page = text(admin_client.get(STORE_URL + "?status=bogus"))
+    assert "Unknown status" in page  # ignored with a message, not a server error
+    assert "mail" in text(admin_client.get(STORE_URL))  # breakers are offered as filters
+
+
+def test_search_by_task_name_and_task_id(resilience: Resilience, admin_client: Any) -> None:
+    charge_entry = park(resilience, 1)
+    refund = park(resilience, 2, task_name="shop.refund", task_id="refund-77")
+
+    def found(query: str) -> set[str]:
+        page = text(admin_client.get(STORE_URL, {"q": query}))
+        return {e.id for e in (charge_entry, refund) if e.id in page}
+
+    assert found("refund") == {refund.id}
+    assert found("REFUND-77") == {refund.id}
+    assert found(charge_entry.task_id) == {charge_entry.id}
+    assert found("shop.") == {charge_entry.id, refund.id}
+    assert found("nothing-like-it") == set()
+
+
+def test_pages_of_entries(resilience: Resilience, admin_client: Any) -> None:
+    entries = [park(resilience, n) for n in range(105)]
+    first = text(admin_client.get(STORE_URL))
+    assert entries[104].id in first
+    assert entries[4].id not in first
+    assert 'id="next-page"' in first
+    second = text(admin_client.get(STORE_URL, {"p": 1}))
+    assert {e.id for e in entries[:5]} == {e.id for e in entries if e.id in second}
+    assert 'id="next-page"' not in second
+
+
+def test_detail_page_shows_args_kwargs_options_and_traceback(
+    resilience: Resilience, admin_client: Any
+) -> None:
+    e = park(resilience, 7, args=[7, "naïve ☃"], kwargs={"note": "<b>fragile</b>"})
+    page = text(admin_client.get(f"{STORE_URL}{e.id}/"))
+    assert e.task_id in page
+    assert "naïve ☃" in page
+    assert "&lt;b&gt;fragile&lt;/b&gt;" in page  # escaped, never rendered as HTML
+    assert "&quot;time_limit&quot;: 60" in page
+    assert "builtins.ConnectionError: gateway refused 7" in page
+    assert "frame-7" in page
+    assert 'id="entry-replay_now"' in page
+    assert 'id="entry-discard"' in page
+
+
+def test_detail_of_a_missing_entry_goes_back_to_the_list(
+    resilience: Resilience, admin_client: Any
+) -> None:
+    response = admin_client.get(f"{STORE_URL}{'0' * 32}/", follow=True)
+    page = text(response)
+    assert "is not in the store" in page
+    assert response.redirect_chain[-1][0] == STORE_URL
+
+
+def test_replay_now_publishes_and_removes_the_entry(
+    resilience: Resilience, admin_client: Any, redis_client: redis.Redis, queue: str
+) -> None:
+    kept, replayed = park(resilience, 1), park(resilience, 2)
+    response = admin_client.post(
+        STORE_URL + "?breaker=payments",
+        {"action": "replay_now", "_selected_action": [replayed.id]},
+        follow=True,
+    )
+    page = text(response)
+    assert "Replayed 1 parked task." in page
+    assert response.redirect_chain[-1][0] == STORE_URL + "?breaker=payments"  # filters kept
+    [message] = published(redis_client, queue)
+    assert (message["id"], message["task"]) == (replayed.task_id, TASK)
+    assert (message["args"], message["kwargs"]) == ([2], {"note": "note-2"})
+    assert message["resilience_replays"] == 1
+    assert resilience.backout.get(replayed.id) is None
+    assert resilience.backout.get(kept.id) == kept
+
+
+def test_replay_from_the_detail_page(
+    resilience: Resilience, admin_client: Any, redis_client: redis.Redis, queue: str
+) -> None:
+    e = park(resilience, 3)
+    response = admin_client.post(
+        STORE_URL, {"action": "replay_now", "_selected_action": e.id, "index": "0"}, follow=True
+    )
+    assert "Replayed 1 parked task." in text(response)
+    assert [m["id"] for m in published(redis_client, queue)] == [e.task_id]
+
+
+def test_replay_failures_are_reported_and_keep_the_entry(
+    resilience: Resilience, admin_client: Any, redis_client: redis.Redis, queue: str
+) -> None:
+    gone = park(resilience, 1, task_name="shop.removed_long_ago")
+    ok = park(resilience, 2)
+    response = admin_client.post(
+        STORE_URL,
+        {"action": "replay_now", "_selected_action": [gone.id, ok.id, "f" * 32]},
+        follow=True,
+    )
+    page = text(response)
+    assert "Replayed 1 parked task." in page
+    assert "Could not replay 2 entries" in page
+    assert "not registered" in page
+    assert f"{'f' * 32} is no longer in the store" in page
+    assert resilience.backout.get(gone.id) == gone
+    assert [m["id"] for m in published(redis_client, queue)] == [ok.task_id]
+
+
+def test_discard_deletes_with_a_message(
+    resilience: Resilience, admin_client: Any, redis_client: redis.Redis, queue: str
+) -> None:
+    a, b, c = (park(resilience, n) for n in range(3))
+    response = admin_client.post(
+        STORE_URL, {"action": "discard", "_selected_action": [a.id, b.id]}, follow=True
+    )
+    assert "Discarded 2 parked tasks." in text(response)
+    assert resilience.backout.count() == 1
+    assert resilience.backout.get(c.id) == c
+    assert published(redis_client, queue) == []
+    again = admin_client.post(
+        STORE_URL, {"action": "discard", "_selected_action": [a.id]}, follow=True
+    )
+    assert "Could not discard 1 entry" in text(again)
+
+
+def test_an_action_without_selection_says_so(resilience: Resilience, admin_client: Any) -> None:
+    park(resilience, 1)
+    response = admin_client.post(STORE_URL, {"action": "discard"}, follow=True)
+    assert "none were chosen" in text(response)
+    assert resilience.backout.count() == 1
+
+
+def test_staff_without_delete_permission_can_look_but_not_act(
+    resilience: Resilience, django_db: None
+) -> None:
+    from django.contrib.auth.models import Permission, User
+    from django.test import Client
+
+    e = park(resilience, 1)
+    user = User.objects.create_user("clerk", password="pw", is_staff=True)
+    user.user_permissions.add(Permission.objects.get(codename="view_storeentry"))
+    client = Client()
+    client.force_login(user)
+    page = text(client.get(STORE_URL))
+    assert e.id in page
+    assert "action-select" not in page
+    assert 'id="entry-discard"' not in text(client.get(f"{STORE_URL}{e.id}/"))
+    response = client.post(STORE_URL, {"action": "discard", "_selected_action": [e.id]})
+    assert response.status_code == 403
+    assert resilience.backout.get(e.id) == e
+
+
+def test_an_unreachable_store_is_reported_on_the_page(
+    resilience: Resilience, admin_client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from celery_resilience.errors import StoreUnavailable
+
+    def down(*args: Any, **kwargs: Any) -> Any:
+        raise StoreUnavailable("back-out store unreachable: connection refused")
+
+    monkeypatch.setattr(type(resilience.backout_store), "list", down)
+    page = text(admin_client.get(STORE_URL))
+    assert 'id="store-error"' in page
+    assert "connection refused" in page
+
+
+# -- the database table's page --------------------------------------------------------------
+
+
+def test_record_list_filters_and_search(db_resilience: Resilience, admin_client: Any) -> None:
+    pay = park(db_resilience, 1, breaker="payments")
+    mail = park(db_resilience, 2, breaker="mail", task_id="mail-42")
+
+    def listed(query: dict[str, str]) -> set[str]:
+        page = text(admin_client.get(RECORD_URL, query))
+        return {e.id for e in (pay, mail) if e.id in page}
+
+    assert listed({}) == {pay.id, mail.id}
+    assert listed({"breaker": "mail"}) == {mail.id}
+    assert listed({"reason": "breaker_open"}) == {pay.id, mail.id}
+    assert listed({"q": "mail-42"}) == {mail.id}
+    assert listed({"q": pay.id}) == {pay.id}
+    assert f"{RECORD_URL}add/" not in text(admin_client.get(RECORD_URL))
+
+
+def test_record_detail_decodes_the_payload(db_resilience: Resilience, admin_client: Any) -> None:
+    e = park(db_resilience, 5, kwargs={"note": "fragile"})
+    page = text(admin_client.get(f"{RECORD_URL}{e.id}/change/"))
+    assert "&quot;note&quot;: &quot;fragile&quot;" in page
+    assert "frame-5" in page
+    assert "Claimed until" in page
+
+
+def test_record_actions_replay_and_discard(
+    db_resilience: Resilience, admin_client: Any, redis_client: redis.Redis, queue: str
+) -> None:
+    replayed, discarded = park(db_resilience, 1), park(db_resilience, 2)
+    response = admin_client.post(
+        RECORD_URL,
+        {"action": "replay_now", "_selected_action": [replayed.id], "index": "0"},
+        follow=True,
+    )
+    assert "Replayed 1 parked task." in text(response)
+    assert [m["id"] for m in published(redis_client, queue)] == [replayed.task_id]
+    response = admin_client.post(
+        RECORD_URL,
+        {"action": "discard", "_selected_action": [discarded.id], "index": "0"},
+        follow=True,
+    )
+    assert "Discarded 1 parked task." in text(response)
+    assert db_resilience.backout.count() == 0
+
+
+def test_record_page_says_when_the_app_uses_another_store(
+    make_resilience: Callable[[str], Resilience], admin_client: Any
+) -> None:
+    redis_app = make_resilience("redis")
+    e = park(redis_app, 1)
+    page = text(admin_client.get(RECORD_URL))
+    assert "not in this table" in page
+    assert e.id not in page
+    assert e.id in text(admin_client.get(STORE_URL))
+
+
+# -- which Celery app ------------------------------------------------------------------------
+
+
+def test_without_the_setting_the_current_app_is_used(django_db: None) -> None:
+    from celery import _state
+    from django.test import override_settings
+
+    from celery_resilience.contrib.django.conf import celery_app
+
+    app = Celery("current-test", set_as_current=False)
+    previous = _state.get_current_app()
+    app.set_current()
+    try:
+        with override_settings(CELERY_RESILIENCE_APP=None):
+            assert celery_app() is app
+    finally:
+        previous.set_current()
+        app.close()
+
+
+def test_a_bad_app_setting_names_the_setting(django_db: None) -> None:
+    from django.core.exceptions import ImproperlyConfigured
+    from django.test import override_settings
+
+    from celery_resilience.contrib.django.conf import celery_app
+
+    with (
+        override_settings(CELERY_RESILIENCE_APP="tests.no_such_module:app"),
+        pytest.raises(ImproperlyConfigured, match="CELERY_RESILIENCE_APP"),
+    ):
+        celery_app()
