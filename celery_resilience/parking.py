@@ -16,6 +16,7 @@ from .backout.entry import ParkedTask, Reason
 from .backout.store import StoreFull
 from .errors import StoreUnavailable
 from .events import send_task_parked
+from .signals import task_parked
 
 if TYPE_CHECKING:
     from .task import ResilientTask
@@ -139,6 +140,7 @@ def park(
         except Exception:  # the entry is safe; a result backend hiccup must not undo that
             logger.exception("Could not store state PARKED for %s", request.id)
     send_task_parked(task, entry)
+    task_parked.send(sender=task, entry=entry, request=request)
     return entry
 
 

@@ -1,7 +1,8 @@
-"""Worker signal handlers: fresh connections in every pool child, deferred records flushed.
+"""Signals: ``task_parked`` for apps, and the package's own worker signal handlers.
 
-Module-level functions connected with a ``dispatch_uid``: Celery's signals hold weak references,
-so a handler defined inside a function would be collected and never fire.
+The handlers give every pool child fresh connections, flush deferred records at shutdown and run
+the start-up checks. They are module-level functions connected with a ``dispatch_uid``: Celery's
+signals hold weak references, so a handler defined inside a function would never fire.
 """
 
 from __future__ import annotations
@@ -14,9 +15,18 @@ from celery.signals import (
     worker_ready,
     worker_shutdown,
 )
+from celery.utils.dispatch import Signal
 
-from .checks import log_findings, run_checks
-from .resilience import Resilience, all_instances
+#: Sent after a task was parked: ``sender`` is the task, with ``entry`` (the ParkedTask) and
+#: ``request``. Handlers run in the worker, after the entry is stored, before the message is
+#: acked; an exception in a handler is logged and changes nothing.
+task_parked = Signal(name="task_parked", providing_args={"entry", "request"})
+
+
+def all_instances() -> list[Any]:
+    from .resilience import all_instances
+
+    return all_instances()
 
 
 def _reconnect(**_: Any) -> None:
@@ -31,6 +41,9 @@ def _flush(**_: Any) -> None:
 
 
 def _check(sender: Any = None, **_: Any) -> None:
+    from .checks import log_findings, run_checks
+    from .resilience import Resilience
+
     app = getattr(sender, "app", None)
     if app is not None:
         log_findings(run_checks(Resilience.for_app(app)))

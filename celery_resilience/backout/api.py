@@ -53,3 +53,7 @@ class Backout:
 
     def breakers(self) -> set[str]:
         return self.store.breakers()
+
+    def stats(self) -> dict[str, float]:
+        """Monotonic counters: parks by breaker and reason, replays, drain runs and time."""
+        return self.store.stats()
