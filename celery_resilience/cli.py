@@ -19,7 +19,7 @@ from celery.bin.base import CeleryCommand, handle_preload_options
 
 from .backout.entry import REASONS, STATUSES, ParkedTask
 from .backout.store import NO_BREAKER
-from .errors import ResilienceError
+from .errors import ConfigurationError, ResilienceError
 from .resilience import Resilience
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -35,7 +35,11 @@ def _filters(fn: F) -> F:
 
 
 def _resilience(ctx: click.Context) -> Resilience:
-    return Resilience.for_app(ctx.obj.app)
+    try:
+        return Resilience.for_app(ctx.obj.app)
+    except ConfigurationError as exc:
+        _fail(str(exc))
+        raise  # unreachable: _fail exits
 
 
 def _fail(message: str) -> None:

@@ -20,6 +20,7 @@ from celery import Celery
 
 from celery_resilience import BreakerOpen, Resilience
 from celery_resilience.breaker import Breaker
+from celery_resilience.breaker.breaker import FLUSH_INTERVAL
 
 ROOT = Path(__file__).resolve().parents[1]
 HOURS = 3600.0
@@ -208,12 +209,21 @@ def defer_successes(breaker: Breaker, times: int) -> None:
         permit.success()
 
 
-def test_successes_are_deferred_and_flushed_with_the_next_acquire(make_breaker) -> None:
+def flush_interval_passes(breaker: Breaker) -> None:
+    breaker._last_flush -= FLUSH_INTERVAL
+
+
+def test_successes_are_deferred_and_ride_with_an_acquire_once_the_interval_passed(
+    make_breaker,
+) -> None:
     breaker = make_breaker()
     breaker.acquire().failure()
     defer_successes(breaker, 3)
     snap = breaker.snapshot()
     assert (snap["window_calls"], snap["consecutive_failures"]) == (1, 1)  # held back
+    breaker.acquire()
+    assert breaker.snapshot()["window_calls"] == 1  # within the interval: still held back
+    flush_interval_passes(breaker)
     breaker.acquire()
     snap = breaker.snapshot()
     # Counted now; a deferred success ends no streak (it may be older than other failures).
@@ -251,9 +261,12 @@ def test_flush_sends_deferred_successes(make_breaker) -> None:
 
 def test_a_steady_stream_of_successes_is_counted_without_a_flush(make_breaker) -> None:
     breaker = make_breaker()
-    succeed(breaker, 5)  # each acquire carries the successes before it
-    assert breaker.snapshot()["window_calls"] == 4
-    assert breaker.snapshot()["successes_total"] == 4
+    succeed(breaker, 5)  # within one interval: every admission only reads the state
+    assert breaker.snapshot()["successes_total"] == 0
+    flush_interval_passes(breaker)
+    succeed(breaker, 1)  # its admission carries the five before it
+    assert breaker.snapshot()["window_calls"] == 5
+    assert breaker.snapshot()["successes_total"] == 5
 
 
 # -- state, snapshot, operator orders --------------------------------------------------------

@@ -30,7 +30,7 @@ def test_task_parked_is_sent_once_with_the_stored_entry() -> None:
         task_parked.disconnect(on_parked)
 
     [(sender, entry)] = seen
-    assert sender is ship
+    assert sender.name == ship.name
     assert (entry.reason, entry.args) == ("park_on", [5])
     assert Resilience.for_app(app).backout.get(entry.id) == entry
 

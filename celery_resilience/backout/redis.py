@@ -56,13 +56,25 @@ def _script(client: redis.Redis, name: str) -> Any:
     return client.register_script(text)
 
 
+_UNAVAILABLE = (
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+    redis.exceptions.OutOfMemoryError,
+    redis.exceptions.ReadOnlyError,
+)
+
+
 @contextmanager
 def _reachable() -> Iterator[None]:
-    """Redis connection trouble becomes ``StoreUnavailable``: callers catch one of our errors."""
+    """Redis trouble becomes ``StoreUnavailable``: callers catch one of our errors.
+
+    A Redis at ``maxmemory`` (OOM) or a replica after a failover (READONLY) can't take a park
+    either: the task must wait in the broker, exactly as when Redis is down.
+    """
     try:
         yield
-    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
-        raise StoreUnavailable(f"back-out store unreachable: {exc}") from exc
+    except _UNAVAILABLE as exc:
+        raise StoreUnavailable(f"back-out store unavailable: {exc}") from exc
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,8 @@ logger = logging.getLogger("celery_resilience.breaker")
 R = TypeVar("R")
 TransitionListener = Callable[[str, Transition, State], None]
 
-#: Deferred successes are flushed at least this often (seconds) under steady traffic.
+#: Deferred successes reach Redis at least this often (seconds) under steady traffic, with an
+#: admission or as a record of their own.
 FLUSH_INTERVAL = 1.0
 
 
@@ -166,7 +167,9 @@ class Breaker:
     def admit(self, delivery: Delivery | None = None) -> Admission:
         """``acquire`` without raising, answering the task-level ``delivery`` questions too."""
         permit_id = uuid.uuid4().hex
-        deferred = self._take_deferred()
+        # Deferred successes ride along once per FLUSH_INTERVAL: an admission that carries none
+        # is the script's cheapest path (it reads one field of the state).
+        deferred = self._take_deferred() if self._flush_due() else 0
         try:
             decision = self._store().acquire(
                 self.name, self.limits, permit_id, deferred, delivery=delivery

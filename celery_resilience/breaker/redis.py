@@ -2,15 +2,15 @@
 
 Key layout (every key of one breaker shares a hash tag, so Redis Cluster accepts the scripts):
 
-======================================  ====  ================================================
-key                                     type  holds
-======================================  ====  ================================================
-``{<prefix>:breaker:<name>}:state``     hash  state, counters, sliding-window buckets, totals
-``{<prefix>:breaker:<name>}:probes``    zset  half-open probe permit id -> lease expiry (µs)
-``<prefix>:breakers``                   set   names of breakers ever used (for listings)
-``{<tag>}:delivery:<id>:<retries>:<replays>``  str  deliveries of one message (redelivery guard)
-``{<tag>}:done:<task id>``              str   the task id succeeded (``deduplicate=True``)
-======================================  ====  ================================================
+=============================================  ====  =========================================
+key                                            type  holds
+=============================================  ====  =========================================
+``{<prefix>:breaker:<name>}:state``            hash  state, counters, window buckets, totals
+``{<prefix>:breaker:<name>}:probes``           zset  half-open probe permit id -> lease end
+``<prefix>:breakers``                          set   names of breakers ever used (listings)
+``{<tag>}:delivery:<id>:<retries>:<replays>``  str   deliveries of one message (redelivery)
+``{<tag>}:done:<task id>``                     str   the task id succeeded (``deduplicate``)
+=============================================  ====  =========================================
 
 ``<tag>`` is the breaker's tag, so the acquire script can touch them, or ``<prefix>:tasks``
 for tasks without a breaker.

@@ -30,14 +30,24 @@ local lim = {
 }
 lim.bucket_us = math.max(1, math.floor(lim.window_us / BUCKETS))
 
--- The stored hash as a table; put() records which fields to write back.
-local h, dirty = {}, {}
-do
-  local raw = redis.call('HGETALL', STATE_KEY)
-  for i = 1, #raw, 2 do h[raw[i]] = raw[i + 1] end
+-- The stored hash as a table, read lazily: the scalar fields in one HMGET, bucket fields only
+-- when the window is touched (a closed breaker's admission reads one field of ~40).
+-- put() records which fields to write back.
+local h, dirty, loaded = {}, {}, {}
+local SCALARS = {'state', 'consec', 'opened_at', 'open_until', 'trips', 'ho_succ'}
+local function load(fields)
+  local values = redis.call('HMGET', STATE_KEY, unpack(fields))
+  for i, field in ipairs(fields) do
+    if not loaded[field] then h[field] = values[i] or nil; loaded[field] = true end
+  end
 end
-local function num(field, default) return tonumber(h[field]) or default or 0 end
-local function put(field, value) h[field] = value; dirty[field] = true end
+load(SCALARS)
+local function get(field)
+  if not loaded[field] then load({field}) end
+  return h[field]
+end
+local function num(field, default) return tonumber(get(field)) or default or 0 end
+local function put(field, value) h[field] = value; dirty[field] = true; loaded[field] = true end
 local function incr(field, by) put(field, num(field) + by) end
 local function state() return h.state or 'closed' end
 
@@ -47,7 +57,15 @@ local function save()
   if #args > 0 then redis.call('HSET', STATE_KEY, unpack(args)) end
 end
 
+local BUCKET_FIELDS = {}
+for slot = 0, BUCKETS - 1 do
+  BUCKET_FIELDS[#BUCKET_FIELDS + 1] = 'be' .. slot
+  BUCKET_FIELDS[#BUCKET_FIELDS + 1] = 'bc' .. slot
+  BUCKET_FIELDS[#BUCKET_FIELDS + 1] = 'bf' .. slot
+end
+
 local function window_counts()
+  load(BUCKET_FIELDS)
   local current = math.floor(now / lim.bucket_us)
   local calls, failures = 0, 0
   for slot = 0, BUCKETS - 1 do

@@ -129,24 +129,17 @@ class DjangoBackoutStore:
 
     def _lock(self, name: str) -> None:
         """Hold the lock row ``name`` until the transaction ends (see the module docstring)."""
-        key = LOCK_PREFIX + name
-        stats = self._stat.objects.using(self.using)
-        if stats.filter(name=key).update(value=F("value") + 1):
-            return
-        try:
-            with transaction.atomic(using=self.using):
-                stats.create(name=key, value=1)
-        except IntegrityError:  # made meanwhile by another process: take it
-            stats.filter(name=key).update(value=F("value") + 1)
+        self._add(LOCK_PREFIX + name, 1)
 
     def _add(self, name: str, amount: float) -> None:
+        """Add to a counter row (UPDATE first: that write is also what locks the row)."""
         stats = self._stat.objects.using(self.using)
         if stats.filter(name=name).update(value=F("value") + amount):
             return
         try:
             with transaction.atomic(using=self.using):
                 stats.create(name=name, value=amount)
-        except IntegrityError:
+        except IntegrityError:  # made meanwhile by another process: add to that one
             stats.filter(name=name).update(value=F("value") + amount)
 
     def stats(self) -> dict[str, float]:
