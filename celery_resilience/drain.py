@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .backout.entry import ParkedTask
-from .backout.redis import RedisBackoutStore
+from .backout.redis import BackoutKeys
 from .backout.store import NO_BREAKER, BackoutStore
 from .events import replay_dispatcher
 from .parking import REPLAYS_HEADER, rejected_replays
@@ -99,12 +99,15 @@ def check_arguments(resilience: Resilience, entry: ParkedTask) -> None:
 
 @contextmanager
 def drain_lock(resilience: Resilience, lease: float, wait: float = 0.0) -> Iterator[Any]:
-    """The one-drainer-at-a-time lock; yields ``None`` when someone else holds it."""
+    """The one-drainer-at-a-time lock; yields ``None`` when someone else holds it.
+
+    It lives in the breakers' Redis whatever the store (a database store included), so it is
+    fleet-wide; only the ``memory://`` backend, one process by definition, uses a local lock.
+    """
     store = resilience.backout_store
-    if isinstance(store, RedisBackoutStore):
-        lock = store.client.lock(
-            f"{store.keys.tag}:drain-lock", timeout=lease, blocking=wait > 0, blocking_timeout=wait
-        )
+    if not resilience.config.in_memory:
+        name = f"{BackoutKeys.for_prefix(resilience.config.key_prefix).tag}:drain-lock"
+        lock = resilience.redis.lock(name, timeout=lease, blocking=wait > 0, blocking_timeout=wait)
         if not lock.acquire():
             yield None
             return
