@@ -115,6 +115,7 @@ class Exponential:
         return _jittered(raw, self.jitter, self.random)
 
     def max_delay(self) -> float:
+        """The longest delay this strategy can return (seconds)."""
         return self.cap
 
 
@@ -144,6 +145,7 @@ class Constant:
         return _jittered(self.delay, self.jitter, self.random)
 
     def max_delay(self) -> float:
+        """The longest delay this strategy can return (seconds)."""
         return self.delay
 
 
@@ -183,4 +185,5 @@ class DecorrelatedJitter:
         return min(upper, self.base + (upper - self.base) * draw)
 
     def max_delay(self) -> float:
+        """The longest delay this strategy can return (seconds)."""
         return self.cap

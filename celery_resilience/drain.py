@@ -50,6 +50,7 @@ class DrainReport:
     breakers: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
+        """The report as plain data (the ``celery_resilience.drain`` task's result)."""
         return asdict(self)
 
 

@@ -36,6 +36,7 @@ class ResilienceCollector:
         return []  # computed on scrape; nothing to check at registration
 
     def collect(self) -> Iterator[Any]:
+        """Read breakers and store from Redis and yield the metric families (one scrape)."""
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         def gauge(name: str, doc: str, labels: list[str]) -> Any:

@@ -185,6 +185,7 @@ class Resilience:
 
     @property
     def breaker_store(self) -> BreakerStore:
+        """The store every breaker of this app keeps its state in (Redis, or memory)."""
         if self._pid != os.getpid():
             self._connect()
         assert self._breaker_store is not None
@@ -197,6 +198,7 @@ class Resilience:
 
     @property
     def backout_store(self) -> BackoutStore:
+        """The store behind ``backout``, with the drain's side (claim, ack, stats)."""
         if self._pid != os.getpid():
             self._connect()
         assert self._backout is not None

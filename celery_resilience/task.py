@@ -83,6 +83,7 @@ class ResilientTask(Task):  # type: ignore[misc]
 
     @property
     def resilience(self) -> Resilience:
+        """The app's :class:`Resilience` (settings, breakers, back-out store)."""
         return Resilience.for_app(self.app)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

@@ -36,6 +36,7 @@ class Backout:
         return self.store.list(breaker, status, reason, limit, offset)
 
     def get(self, entry_id: str) -> ParkedTask | None:
+        """One entry, or ``None``; an undecodable one comes back as a dead placeholder."""
         return self.store.get(entry_id)
 
     def replay(self, entry_id: str) -> ParkedTask:
@@ -43,6 +44,7 @@ class Backout:
         return self._replay(entry_id)
 
     def delete(self, entry_id: str) -> bool:
+        """Remove one entry for good; ``False`` if it was not there."""
         return self.store.delete(entry_id)
 
     def purge(
@@ -52,6 +54,7 @@ class Backout:
         return self.store.purge(breaker, status, reason)
 
     def breakers(self) -> set[str]:
+        """Breakers that have entries (``"-"`` for tasks without one)."""
         return self.store.breakers()
 
     def stats(self) -> dict[str, float]:

@@ -90,12 +90,14 @@ class Permit:
         self._done = False
 
     def success(self) -> None:
+        """The call succeeded (a call slower than ``slow_call_seconds`` counts as a failure)."""
         if self._finish():
             elapsed = time.monotonic() - self.started
             slow = self.breaker.config.slow_call_seconds
             self.breaker._record(self, success=slow is None or elapsed <= slow)
 
     def failure(self) -> None:
+        """The call failed: recorded at once (it may trip the breaker)."""
         if self._finish():
             self.breaker._record(self, success=False)
 
@@ -249,6 +251,7 @@ class Breaker:
     # -- looking and steering -----------------------------------------------------------
     @property
     def state(self) -> State:
+        """The shared state now: closed, open, half_open, forced_open or forced_closed."""
         state = self.snapshot()["state"]
         assert state in STATES
         return cast(State, state)
