@@ -36,10 +36,13 @@ lim.bucket_us = math.max(1, math.floor(lim.window_us / BUCKETS))
 local h, dirty, loaded = {}, {}, {}
 local SCALARS = {'state', 'consec', 'opened_at', 'open_until', 'trips', 'ho_succ'}
 local function load(fields)
-  local values = redis.call('HMGET', STATE_KEY, unpack(fields))
-  for i, field in ipairs(fields) do
-    if not loaded[field] then h[field] = values[i] or nil; loaded[field] = true end
+  local missing = {}
+  for _, field in ipairs(fields) do
+    if not loaded[field] then missing[#missing + 1] = field end
   end
+  if #missing == 0 then return end
+  local values = redis.call('HMGET', STATE_KEY, unpack(missing))
+  for i, field in ipairs(missing) do h[field] = values[i] or nil; loaded[field] = true end
 end
 load(SCALARS)
 local function get(field)
@@ -80,6 +83,7 @@ end
 local function add_to_window(calls, failures)
   local epoch = math.floor(now / lim.bucket_us)
   local slot = epoch % BUCKETS
+  load({'be' .. slot, 'bc' .. slot, 'bf' .. slot})
   if num('be' .. slot, -1) ~= epoch then
     put('be' .. slot, epoch); put('bc' .. slot, 0); put('bf' .. slot, 0)
   end
@@ -113,6 +117,7 @@ local function close()
 end
 
 local function count(calls, failures)
+  load({'calls_total', 'failures_total', 'successes_total'})
   incr('calls_total', calls)
   incr('failures_total', failures)
   incr('successes_total', calls - failures)
