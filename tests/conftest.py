@@ -13,6 +13,8 @@ from collections.abc import Iterator
 import pytest
 import redis
 
+pytest_plugins = ("pytester",)
+
 REDIS_URL = os.environ.get("RESILIENCE_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
 
 

@@ -3,15 +3,26 @@
 ``CELERY_RESILIENCE_APP`` is the dotted path of the app (``"proj.celery:app"`` or
 ``"proj.celery.app"``); without it, ``celery.current_app`` (the app Django's ``celery.py``
 usually makes current).
+
+The web process loads the app's task modules once, as a worker does at start
+(``app.loader.import_default_modules()``: ``app.autodiscover_tasks()``, ``imports``,
+``include``): otherwise a task found only by autodiscovery is not registered there, and
+"Replay now" refuses it as unknown.
 """
 
 from __future__ import annotations
 
+import logging
+import threading
+import weakref
 from typing import Any
 
 from ...resilience import Resilience
 
 SETTING = "CELERY_RESILIENCE_APP"
+logger = logging.getLogger("celery_resilience.admin")
+_loaded: weakref.WeakSet[Any] = weakref.WeakSet()
+_loading = threading.Lock()
 
 
 def celery_app() -> Any:
@@ -38,6 +49,21 @@ def celery_app() -> Any:
     return app
 
 
+def load_task_modules(app: Any) -> None:
+    """Import the app's task modules once, as its workers do (tried again after a failure)."""
+    with _loading:
+        if app in _loaded:
+            return
+        try:
+            app.loader.import_default_modules()
+        except Exception:  # a broken task module: its tasks stay unknown, the page says so
+            logger.exception("Could not import the task modules of Celery app %r", app.main)
+            return
+        _loaded.add(app)
+
+
 def resilience() -> Resilience:
-    """The app's ``Resilience`` (settings validated on first use)."""
-    return Resilience.for_app(celery_app())
+    """The app's ``Resilience`` (settings validated on first use), its tasks registered."""
+    app = celery_app()
+    load_task_modules(app)
+    return Resilience.for_app(app)

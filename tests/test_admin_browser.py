@@ -1,0 +1,280 @@
+"""A person replays parked orders from the example shop's admin, in a real browser.
+
+Everything is real and in a process of its own: the example project's admin under
+``manage.py runserver`` on a loopback port, ``celery -A shop worker`` (prefork, 2 children) on
+a queue of its own, the payment gateway, a temporary SQLite database and the test Redis (db 15,
+every key under a fresh prefix, deleted afterwards). With the ``payments`` breaker forced open,
+the shop charges three orders: the worker parks them. The breaker is reset; then headless
+Chromium (Selenium, the system's chromedriver) logs in through the admin's login form, opens
+"Parked tasks (configured store)", sees the three task ids, selects them and runs "Replay now".
+The worker charges the replayed orders: each is charged once (the shop's database and the
+gateway's ledger agree), each Celery result is SUCCESS, and the store is empty.
+
+Screenshots of the key steps are saved in the test's ``tmp_path`` (``NN-step.png``).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import suppress
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from celery_resilience import Resilience
+from celery_resilience.resilience import forget
+from example_project.demo import GatewayProcess
+from tests.browser import ROOT, Shop, chrome, missing_browser, wait_for
+
+try:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+except ImportError:  # a dependency of the test extra: the browser fixture says so
+    By = Select = WebDriverWait = None  # type: ignore[misc,assignment]
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.timeout(120),
+    pytest.mark.skipif(missing_browser() is not None, reason=missing_browser() or ""),
+]
+
+BREAKER = "payments"
+TASK = "orders.charge_order"
+AMOUNTS = ("12.50", "30.00", "7.25")
+USER, PASSWORD = "admin", "browser-test-password"
+STORE_TITLE = "Parked tasks (configured store)"
+
+# Run by ``manage.py shell -c`` in the shop: the shop's own app forces its breaker open, makes
+# the orders and sends a charge for each to the test's queue; prints their ids as JSON.
+PLACE_ORDERS = """
+import json
+from decimal import Decimal
+import celery_resilience
+from celery_resilience import Resilience
+from orders.models import Order
+from orders.tasks import charge_order
+from shop.celery import app
+Resilience.for_app(app).breaker({breaker!r}).force_open()
+orders = [Order.objects.create(amount=Decimal(a)) for a in {amounts!r}]
+sent = [charge_order.apply_async((o.pk,), queue={queue!r}) for o in orders]
+print(json.dumps({{
+    "orders": [o.pk for o in orders],
+    "tasks": [r.id for r in sent],
+    "package": celery_resilience.__file__,
+}}))
+"""
+
+
+@pytest.fixture
+def shop(tmp_path: Path, redis_url: str, key_prefix: str) -> Iterator[Shop]:
+    """The shop's processes, stopped by PID afterwards (``key_prefix`` deletes the keys)."""
+    shop = Shop(tmp_path, redis_url, key_prefix)
+    try:
+        yield shop
+    finally:
+        shop.stop()
+
+
+@pytest.fixture
+def store(redis_url: str, key_prefix: str) -> Iterator[Resilience]:
+    """A Resilience on the shop's Redis and prefix, to look at the store from the outside."""
+    app = Celery("browser-test", broker=redis_url, set_as_current=False)
+    app.conf.resilience_redis_url = redis_url
+    app.conf.resilience_key_prefix = key_prefix
+    resilience = Resilience.for_app(app)
+    resilience.send_events = False
+    yield resilience
+    forget(app)
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[Any]:
+    if WebDriverWait is None:
+        pytest.fail("selenium is not installed: pip install -e '.[test]'")
+    driver = chrome(tmp_path / "chromium-profile")
+    driver.implicitly_wait(0)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+class Steps:
+    """Screenshots numbered in the order taken, and time spent since the start."""
+
+    def __init__(self, driver: Any, folder: Path) -> None:
+        self.driver, self.folder = driver, folder
+        self.count = 0
+        self.started = time.monotonic()
+        self.times: list[tuple[str, float]] = []
+
+    def mark(self, name: str) -> None:
+        self.times.append((name, time.monotonic() - self.started))
+
+    def shot(self, name: str) -> Path:
+        self.count += 1
+        path = self.folder / f"{self.count:02d}-{name}.png"
+        assert self.driver.save_screenshot(str(path)), f"no screenshot {path}"
+        self.mark(f"screenshot {path.name}")
+        return path
+
+
+@dataclass
+class Placed:
+    order_ids: list[int]
+    task_ids: list[str]
+
+
+def start_shop(shop: Shop, queue: str) -> tuple[GatewayProcess, subprocess.Popen[bytes]]:
+    """Gateway, worker (consuming ``queue``), migrated database with a superuser, admin."""
+    gateway = shop.start_gateway()
+    worker = shop.start_worker(queue, f"browser-{uuid.uuid4().hex[:8]}@%h")
+    shop.manage("migrate", "--verbosity", "0")
+    shop.env["DJANGO_SUPERUSER_PASSWORD"] = PASSWORD
+    shop.manage("createsuperuser", "--noinput", "--username", USER, "--email", "a@example.com")
+    server = shop.start_admin()
+    shop.wait_worker_ready(worker)
+    return gateway, server
+
+
+def park_charges(shop: Shop, store: Resilience, gateway: GatewayProcess, queue: str) -> Placed:
+    """The shop charges three orders with its breaker forced open: the worker parks them."""
+    script = PLACE_ORDERS.format(breaker=BREAKER, amounts=AMOUNTS, queue=queue)
+    placed = json.loads(shop.manage("shell", "-c", script).splitlines()[-1])
+    # The shop runs this checkout's package (pip's editable install may point elsewhere).
+    assert Path(placed["package"]).is_relative_to(ROOT), placed["package"]
+    order_ids, task_ids = placed["orders"], placed["tasks"]
+    assert store.breaker(BREAKER).state == "forced_open"  # the same breaker as the shop's
+    wait_for(
+        "the worker to park the three charges",
+        lambda: store.backout.count(BREAKER, "parked") == len(task_ids),
+        timeout=20,
+    )
+    parked = store.backout.list(BREAKER)
+    assert sorted(e.task_id for e in parked) == sorted(task_ids)
+    assert {(e.task_name, e.reason) for e in parked} == {(TASK, "breaker_open")}
+    wait_for(
+        "the orders to be marked parked",
+        lambda: set(shop.orders(order_ids).values()) == {("parked", 0)},
+        timeout=10,
+    )
+    assert gateway.charges() == {}  # nothing reached the gateway
+    return Placed(order_ids, task_ids)
+
+
+def log_in(browser: Any, shop: Shop, steps: Steps) -> None:
+    """Through the admin's login form, as a person would."""
+    browser.get(f"{shop.admin_url}/admin/")
+    WebDriverWait(browser, 15).until(lambda d: d.find_elements(By.ID, "id_username"))
+    browser.find_element(By.ID, "id_username").send_keys(USER)
+    browser.find_element(By.ID, "id_password").send_keys(PASSWORD)
+    steps.shot("login")
+    browser.find_element(By.CSS_SELECTOR, "#login-form [type=submit]").click()
+    WebDriverWait(browser, 15).until(lambda d: d.find_elements(By.LINK_TEXT, STORE_TITLE))
+
+
+def column(browser: Any, name: str) -> list[str]:
+    """The texts of one column of the page's result list."""
+    cells = browser.find_elements(By.CSS_SELECTOR, f"#result_list td.field-{name}")
+    return [cell.text for cell in cells]
+
+
+def replay_all(browser: Any, steps: Steps, task_ids: list[str]) -> None:
+    """From the admin's index: the store's page shows the tasks; select all, "Replay now"."""
+    wait = WebDriverWait(browser, 15)
+    browser.find_element(By.LINK_TEXT, STORE_TITLE).click()
+    wait.until(lambda d: d.find_elements(By.ID, "result_list"))
+    assert STORE_TITLE in browser.find_element(By.TAG_NAME, "h1").text
+    assert sorted(column(browser, "task_id")) == sorted(task_ids)
+    assert column(browser, "task_name") == [TASK] * 3
+    assert column(browser, "breaker") == [BREAKER] * 3
+    assert column(browser, "reason") == ["breaker_open"] * 3
+    assert column(browser, "status") == ["parked"] * 3
+    assert browser.find_element(By.ID, "total").text == "3 entries"
+    steps.shot("parked-tasks")
+
+    boxes = browser.find_elements(By.CSS_SELECTOR, "#result_list input.action-select")
+    assert len(boxes) == 3
+    for box in boxes:
+        box.click()
+    assert all(box.is_selected() for box in boxes)
+    Select(browser.find_element(By.ID, "action-select")).select_by_visible_text("Replay now")
+    steps.shot("replay-chosen")
+    browser.find_element(By.ID, "action-go").click()
+
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, ".messagelist li"))
+    notes = browser.find_elements(By.CSS_SELECTOR, ".messagelist li")
+    assert [(n.get_attribute("class"), n.text) for n in notes] == [
+        ("success", "Replayed 3 parked tasks.")
+    ]
+    assert browser.find_element(By.ID, "no-entries").text == "No parked tasks."
+    assert browser.find_element(By.ID, "total").text == "0 entries"
+    steps.shot("replayed")
+
+
+def check_charged(shop: Shop, store: Resilience, gateway: GatewayProcess, placed: Placed) -> None:
+    """The worker ran the replays: each order charged once, each result SUCCESS, store empty."""
+    wait_for(
+        "the replayed orders to be charged",
+        lambda: set(shop.orders(placed.order_ids).values()) == {("charged", 1)},
+        timeout=20,
+    )
+
+    def succeeded() -> dict[str, tuple[str, Any]] | None:
+        results = shop.task_results(placed.task_ids)
+        states = [state for state, _ in results.values()]
+        return results if states == ["SUCCESS"] * len(placed.task_ids) else None
+
+    results = wait_for("the replayed tasks' SUCCESS", succeeded, timeout=10)
+    assert {result["order_id"] for _, result in results.values()} == set(placed.order_ids)
+    assert gateway.charges() == {str(i): 1 for i in placed.order_ids}  # once each
+    assert store.backout.count() == 0
+    assert store.backout.stats().get(f"replayed|{BREAKER}") == 3
+
+
+def see_orders_charged(browser: Any, shop: Shop, steps: Steps) -> None:
+    browser.get(f"{shop.admin_url}/admin/orders/order/")
+    WebDriverWait(browser, 15).until(lambda d: d.find_elements(By.ID, "result_list"))
+    assert column(browser, "status") == ["Charged"] * 3
+    assert column(browser, "charge_count") == ["1"] * 3
+    steps.shot("orders-charged")
+
+
+def test_replay_parked_orders_from_the_admin_in_a_browser(
+    shop: Shop, store: Resilience, browser: Any, tmp_path: Path
+) -> None:
+    steps = Steps(browser, tmp_path)
+    queue = f"browser-{uuid.uuid4().hex[:12]}"
+    try:
+        gateway, server = start_shop(shop, queue)
+        steps.mark("gateway, worker, database and superuser ready")
+        placed = park_charges(shop, store, gateway, queue)
+        steps.mark("three charges parked")
+        # The gateway is up: an operator resets the breaker (beat is not running: no drain).
+        shop.celery("resilience", "reset", BREAKER)
+        assert store.breaker(BREAKER).state == "closed"
+        assert store.backout.count(BREAKER, "parked") == 3
+        shop.wait_admin_ready(server)
+        steps.mark("breaker reset, admin answers")
+
+        log_in(browser, shop, steps)
+        replay_all(browser, steps, placed.task_ids)
+        check_charged(shop, store, gateway, placed)
+        steps.mark("orders charged, results SUCCESS, store empty")
+        see_orders_charged(browser, shop, steps)
+    except BaseException:
+        print(shop.logs())
+        with suppress(Exception):
+            steps.shot("failure")
+            (tmp_path / "failure.html").write_text(browser.page_source)
+            print(f"failure screenshot and page source in {tmp_path}")
+        raise
+    finally:
+        print("\n".join(f"{t:6.2f}s  {name}" for name, t in steps.times))
