@@ -150,7 +150,7 @@ def list_(
         _fail("--limit and --page must be >= 1")
     res = _resilience(ctx)
     _breaker_filter(res, breaker)
-    entries = res.backout.list(breaker, status, reason, limit, (page - 1) * limit)
+    entries = res.backout.list(breaker, status, limit, reason=reason, offset=(page - 1) * limit)
 
     def human() -> str:
         return _table(
@@ -257,7 +257,7 @@ def _all(
     entries: list[ParkedTask] = []
     page = 500
     while True:
-        chunk = res.backout.list(breaker, status, reason, page, len(entries))
+        chunk = res.backout.list(breaker, status, page, reason=reason, offset=len(entries))
         entries.extend(chunk)
         if len(chunk) < page:
             return entries

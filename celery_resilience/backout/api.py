@@ -28,11 +28,12 @@ class Backout:
         self,
         breaker: str | None = None,
         status: str | None = None,
-        reason: str | None = None,
         limit: int = 100,
+        *,
+        reason: str | None = None,
         offset: int = 0,
     ) -> builtins.list[ParkedTask]:
-        """Entries, newest first."""
+        """Entries, newest first; ``reason`` filters, ``offset`` pages."""
         return self.store.list(breaker, status, reason, limit, offset)
 
     def get(self, entry_id: str) -> ParkedTask | None:

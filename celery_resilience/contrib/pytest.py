@@ -72,7 +72,7 @@ class ResilienceHarness:
         self, breaker: str | None = None, reason: str | None = None, status: str | None = None
     ) -> list[ParkedTask]:
         """Parked entries, newest first (all of them: tests park few)."""
-        return self.resilience.backout.list(breaker, status, reason, limit=10_000)
+        return self.resilience.backout.list(breaker, status, 10_000, reason=reason)
 
     def drain(self, breaker: str | None = None, limit: int | None = None) -> DrainReport:
         """Replay due entries of breakers that admit calls (in eager mode they run at once)."""
