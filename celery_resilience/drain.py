@@ -90,6 +90,26 @@ def publish(resilience: Resilience, entry: ParkedTask, producer: Any = None) -> 
     )
 
 
+_imported: set[int] = set()
+
+
+def is_registered(app: Any, name: str) -> bool:
+    """Whether ``app`` knows the task, after loading its task modules as a worker does.
+
+    A process that is not a worker (the CLI, a web process) has not run autodiscovery: a task
+    found only that way would look unregistered, and its entry would be declared dead.
+    """
+    if name in app.tasks:
+        return True
+    if id(app) not in _imported:
+        _imported.add(id(app))
+        try:
+            app.loader.import_default_modules()
+        except Exception:  # a broken task module: its tasks stay unknown, and that is reported
+            logger.exception("Could not import the task modules of app %r", app.main)
+    return name in app.tasks
+
+
 def check_arguments(resilience: Resilience, entry: ParkedTask) -> None:
     """Celery's own check of args against the task's signature (``TypeError`` if they don't fit)."""
     task = resilience.app.tasks[entry.task_name]
@@ -266,7 +286,7 @@ class Drainer:
     def _dead_reason(self, entry: ParkedTask) -> str | None:
         if entry.status == "dead" or entry.dead_reason:
             return entry.dead_reason or "undecodable"  # undecodable, or unreadable metadata
-        if entry.task_name not in self.resilience.app.tasks:
+        if not is_registered(self.resilience.app, entry.task_name):
             return "unregistered"
         rejected = rejected_replays(entry.options.get("headers"))
         # Replays the breaker turned away unrun are not attempts; a hard cap still ends a
@@ -289,7 +309,7 @@ def replay(resilience: Resilience, entry_id: str) -> ParkedTask:
             raise KeyError(entry_id)
         if entry.dead_reason == "undecodable":
             raise ValueError(f"entry {entry_id} can't be decoded: {entry.exc_message}")
-        if entry.task_name not in resilience.app.tasks:
+        if not is_registered(resilience.app, entry.task_name):
             raise ValueError(f"task {entry.task_name!r} is not registered in this app")
         try:
             check_arguments(resilience, entry)

@@ -48,3 +48,24 @@ def delete_prefix(client: redis.Redis, prefix: str) -> None:
         keys = list(client.scan_iter(match=pattern, count=1000))
         if keys:
             client.delete(*keys)
+
+
+#: Queue names the suite makes (each with a random suffix): kombu's Redis transport leaves a
+#: binding key per queue behind; the session removes those of its own queues at the end.
+OWN_QUEUE_PREFIXES = ("drain-test-", "drain-chaos-", "admin-test-", "django-store-test-", "test-")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _forget_own_queue_bindings() -> Iterator[None]:
+    yield
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        for prefix in OWN_QUEUE_PREFIXES:
+            for kind in ("_kombu.binding_permanent.", "_kombu.binding."):
+                keys = list(client.scan_iter(match=f"{kind}{prefix}*", count=1000))
+                if keys:
+                    client.delete(*keys)
+    except redis.RedisError:
+        pass
+    finally:
+        client.close()
