@@ -210,7 +210,7 @@ def report(results: list[Result]) -> None:
         "note: our success path defers the record; it rides on this process's next acquire\n"
         "      (one EVALSHA), so a closed-breaker success costs ~1 round trip (plus one flush\n"
         "      per second). A failure is recorded at once: acquire + record = 2 round trips.\n"
-        "      commandstats also counts what each script runs (TIME, HGETALL, HSET), so one\n"
+        "      commandstats also counts what each script runs (TIME, HMGET, HSET), so one\n"
         "      EVALSHA shows there as several commands; all of them run in one atomic step."
     )
 
