@@ -104,6 +104,9 @@ class Resilience:
     @classmethod
     def for_app(cls, app: Any) -> Resilience:
         """The app's one instance, made (and its settings validated) on first use."""
+        instance = _instances.get(app)  # the hot path (every task): no lock once made
+        if instance is not None:
+            return instance
         with _instances_lock:
             instance = _instances.get(app)
             if instance is None:

@@ -81,9 +81,9 @@ class Limits:
             probe_lease_us=round(cfg.probe_lease * US),
         )
 
-    def argv(self) -> list[int | float]:
+    def argv(self) -> tuple[int | float, ...]:
         """The settings as the scripts receive them, in this order (see ``lua/_common.lua``)."""
-        return [
+        return (
             self.failure_threshold,
             self.failure_rate_threshold,
             self.minimum_calls,
@@ -92,7 +92,7 @@ class Limits:
             self.open_timeout_max_us,
             self.half_open_max_calls,
             self.probe_lease_us,
-        ]
+        )
 
 
 @dataclass

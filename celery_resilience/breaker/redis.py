@@ -30,8 +30,12 @@ _INT_FIELDS = ("opened_at", "open_until")
 
 
 def _load_script(name: str) -> str:
+    """``<name>_head.lua`` (a fast path, if any), the shared prelude, then ``<name>.lua``."""
     lua = resources.files(__package__).joinpath("lua")
-    return lua.joinpath("_common.lua").read_text() + "\n" + lua.joinpath(f"{name}.lua").read_text()
+    head = lua.joinpath(f"{name}_head.lua")
+    parts = [head.read_text()] if head.is_file() else []
+    parts += [lua.joinpath("_common.lua").read_text(), lua.joinpath(f"{name}.lua").read_text()]
+    return "\n".join(parts)
 
 
 class RedisBreakerStore:
@@ -45,13 +49,17 @@ class RedisBreakerStore:
         self._force = client.register_script(_load_script("force"))
         self._snapshot = client.register_script(_load_script("snapshot"))
         self._known: set[str] = set()
+        self._keys: dict[str, list[str]] = {}
 
     def _tag(self, scope: str | None) -> str:
         return f"{{{self.prefix}:breaker:{scope}}}" if scope else f"{{{self.prefix}:tasks}}"
 
     def keys(self, name: str) -> list[str]:
-        tag = self._tag(name)
-        return [f"{tag}:state", f"{tag}:probes"]
+        keys = self._keys.get(name)
+        if keys is None:
+            tag = self._tag(name)
+            keys = self._keys[name] = [f"{tag}:state", f"{tag}:probes"]
+        return list(keys)
 
     def _delivery_keys(self, scope: str | None, delivery: Delivery) -> tuple[str, str]:
         tag = self._tag(scope)

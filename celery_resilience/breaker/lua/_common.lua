@@ -60,15 +60,14 @@ local function save()
   if #args > 0 then redis.call('HSET', STATE_KEY, unpack(args)) end
 end
 
-local BUCKET_FIELDS = {}
-for slot = 0, BUCKETS - 1 do
-  BUCKET_FIELDS[#BUCKET_FIELDS + 1] = 'be' .. slot
-  BUCKET_FIELDS[#BUCKET_FIELDS + 1] = 'bc' .. slot
-  BUCKET_FIELDS[#BUCKET_FIELDS + 1] = 'bf' .. slot
-end
-
 local function window_counts()
-  load(BUCKET_FIELDS)
+  local fields = {}  -- built here, not up front: most calls never read the window
+  for slot = 0, BUCKETS - 1 do
+    fields[#fields + 1] = 'be' .. slot
+    fields[#fields + 1] = 'bc' .. slot
+    fields[#fields + 1] = 'bf' .. slot
+  end
+  load(fields)
   local current = math.floor(now / lim.bucket_us)
   local calls, failures = 0, 0
   for slot = 0, BUCKETS - 1 do
