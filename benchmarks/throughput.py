@@ -313,8 +313,8 @@ def report(bench: Bench, cells: dict[tuple[str, str], list[Cell]]) -> None:
             label = f"{LABELS[variant][:3]} {variant} - plain"
             print(f"  {pool:<8}{label:<22}{sum(extra.values()):+7.2f}  ({_breakdown(extra)})")
     print(
-        "  network round trips per task: (b) EVALSHA only (TIME/HGETALL/HSET run inside its "
-        "Lua); (c) each command listed is a round trip of its own"
+        "  network round trips per task: (b) EVALSHA only (the commands listed beside it run "
+        "inside its Lua); (c) each command listed is a round trip of its own"
     )
     print(
         "Client round trips per task (requests written to Redis, a pipeline counting one), "
