@@ -1,0 +1,113 @@
+"""Commands on breakers and the whole picture: status, open, close, reset, metrics, check."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+
+import click
+from celery.bin.base import CeleryCommand
+
+from ..backout.store import NO_BREAKER
+from .group import resilience
+from .output import emit, json_option, known_breaker, resilience_of, table, when
+
+
+@resilience.command(cls=CeleryCommand)
+@json_option
+@click.pass_context
+def status(ctx: click.Context, as_json: bool) -> None:
+    """Every breaker: state, counts, open until; parked and dead tasks per breaker."""
+    res = resilience_of(ctx)
+    store = res.backout_store
+    names = sorted(set(res.breaker_names()) | (store.breakers() - {NO_BREAKER}))
+    rows = []
+    for name in names:
+        snap = res.breaker(name).snapshot()
+        snap["parked"] = store.count(name, "parked")
+        snap["dead"] = store.count(name, "dead")
+        rows.append((name, snap))
+    unbroken = {
+        "parked": store.count(NO_BREAKER, "parked"),
+        "dead": store.count(NO_BREAKER, "dead"),
+    }
+    data = {"breakers": dict(rows), "no_breaker": unbroken}
+
+    def human() -> str:
+        text = table(
+            ("breaker", "state", "consecutive", "window", "opened", "open until", "parked", "dead"),
+            [
+                (
+                    name,
+                    s["state"],
+                    s["consecutive_failures"],
+                    f"{s['window_failures']}/{s['window_calls']} failed",
+                    s["opened_total"],
+                    when(s["open_until"]) if s["state"] in ("open", "half_open") else "-",
+                    s["parked"],
+                    s["dead"],
+                )
+                for name, s in rows
+            ],
+        )
+        return f"{text}\nwithout breaker: {unbroken['parked']} parked, {unbroken['dead']} dead"
+
+    emit(as_json, data, human)
+
+
+@resilience.command(cls=CeleryCommand)
+@click.option("--port", default=9808, show_default=True, help="Port to serve /metrics on.")
+@click.option("--addr", default="127.0.0.1", show_default=True, help="Address to bind.")
+@click.pass_context
+def metrics(ctx: click.Context, port: int, addr: str) -> None:
+    """Serve Prometheus metrics (breakers, parked tasks, drains) read from Redis."""
+    from ..metrics import serve
+
+    serve(resilience_of(ctx), port, addr)
+    click.echo(f"serving celery-resilience metrics on http://{addr}:{port}/metrics")
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+
+
+@resilience.command(cls=CeleryCommand)
+@json_option
+@click.pass_context
+def check(ctx: click.Context, as_json: bool) -> None:
+    """Look for settings and Redis setups that can lose work; exit 1 on an error."""
+    from ..checks import run_checks
+
+    findings = run_checks(resilience_of(ctx))
+    emit(
+        as_json,
+        [{"level": f.level, "message": f.message} for f in findings],
+        lambda: "\n".join(f"{f.level.upper()}: {f.message}" for f in findings) or "all good",
+    )
+    if any(f.level == "error" for f in findings):
+        sys.exit(1)
+
+
+def _steer(action: str, help_text: str) -> Callable[..., None]:
+    @resilience.command(name=action, cls=CeleryCommand, help=help_text)
+    @click.argument("name")
+    @json_option
+    @click.pass_context
+    def command(ctx: click.Context, name: str, as_json: bool) -> None:
+        res = resilience_of(ctx)
+        known_breaker(res, name)
+        breaker = res.breaker(name)
+        {"open": breaker.force_open, "close": breaker.force_closed, "reset": breaker.reset}[
+            action
+        ]()
+        snap = breaker.snapshot()
+        emit(as_json, snap, lambda: f"breaker {name!r} is now {snap['state']}")
+
+    return command
+
+
+open_ = _steer("open", "Hold breaker NAME open (rejecting every call) until close or reset.")
+close = _steer("close", "Hold breaker NAME closed (admitting every call) until reset.")
+reset = _steer("reset", "Return breaker NAME to a fresh closed state.")
