@@ -1,40 +1,22 @@
 """Back-out store in Redis: a payload hash plus small indexes, changed only by Lua scripts.
 
-Every key shares the hash tag ``{<P>:backout}`` (``P`` = the key prefix), so each script's keys
-live in one Redis Cluster slot. ``<b>`` is a breaker name, ``-`` for entries without a breaker.
-
-=================================  ====  ===========================================================
-key                                type  holds
-=================================  ====  ===========================================================
-``{P:backout}:entries``            hash  entry id -> encoded ``ParkedTask`` (see ``entry.py``)
-``{P:backout}:index``              zset  entry id -> parked_at, every entry (newest-first listing)
-``{P:backout}:meta``               hash  entry id -> ``status|reason|dead_reason|breaker``
-``{P:backout}:counts``             hash  ``status|<b>`` -> number of entries (O(1) count)
-``{P:backout}:ready:<b>``          zset  entry id -> due_at, parked entries waiting for a drain
-``{P:backout}:dead``               zset  entry id -> time it died (Redis ``TIME``, seconds)
-``{P:backout}:inflight``           zset  entry id -> lease expiry; reserved for the drain
-``{P:backout}:stats``              hash  monotonic counters for metrics (parks, replays, drains)
-=================================  ====  ===========================================================
-
-``meta`` is authoritative for status: a claimed (in-flight) entry keeps ``parked`` there and in
-``counts`` until the drain acks it (``delete.lua``) or marks it dead (``mark_dead.lua``); both
-scripts already take the in-flight key. Times are float epoch seconds.
+The key layout is in ``redis_keys.py``; the drain's side (claim, ack, release) in
+``redis_claims.py``.
 """
 
 from __future__ import annotations
 
 import builtins
 import time
-from collections.abc import Collection, Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass
-from importlib import resources
-from typing import Any, cast
+from collections.abc import Collection, Sequence
+from typing import cast
 
 import redis
 
-from ..errors import ConfigurationError, StoreUnavailable
+from ..errors import ConfigurationError
 from .entry import ParkedTask, encode, store_accept
+from .redis_claims import RedisClaims
+from .redis_keys import BackoutKeys, load_script, reachable
 from .store import (
     NO_BREAKER,
     Meta,
@@ -47,61 +29,13 @@ from .store import (
     read_entry,
 )
 
+__all__ = ["BackoutKeys", "RedisBackoutStore"]  # BackoutKeys: the drain names its lock
+
 _PAGE = 500
 _RETRIES = 3
 
 
-def _script(client: redis.Redis, name: str) -> Any:
-    text = resources.files(__package__).joinpath("lua").joinpath(f"{name}.lua").read_text()
-    return client.register_script(text)
-
-
-_UNAVAILABLE = (
-    redis.exceptions.ConnectionError,
-    redis.exceptions.TimeoutError,
-    redis.exceptions.OutOfMemoryError,
-    redis.exceptions.ReadOnlyError,
-)
-
-
-@contextmanager
-def _reachable() -> Iterator[None]:
-    """Redis trouble becomes ``StoreUnavailable``: callers catch one of our errors.
-
-    A Redis at ``maxmemory`` (OOM) or a replica after a failover (READONLY) can't take a park
-    either: the task must wait in the broker, exactly as when Redis is down.
-    """
-    try:
-        yield
-    except _UNAVAILABLE as exc:
-        raise StoreUnavailable(f"back-out store unavailable: {exc}") from exc
-
-
-@dataclass(frozen=True)
-class BackoutKeys:
-    """Names of the store's keys (the drain's scripts take theirs from here too)."""
-
-    tag: str
-    entries: str
-    index: str
-    meta: str
-    counts: str
-    dead: str
-    inflight: str
-    stats: str
-
-    @classmethod
-    def for_prefix(cls, prefix: str) -> BackoutKeys:
-        tag = f"{{{prefix}:backout}}"
-        names = ("entries", "index", "meta", "counts", "dead", "inflight", "stats")
-        return cls(tag, *(f"{tag}:{name}" for name in names))
-
-    def ready(self, breaker: str) -> str:
-        """Ready set of a breaker's internal name (``NO_BREAKER`` for none)."""
-        return f"{self.tag}:ready:{breaker}"
-
-
-class RedisBackoutStore:
+class RedisBackoutStore(RedisClaims):
     """The back-out store shared by every worker that uses ``prefix`` on this Redis."""
 
     def __init__(
@@ -123,19 +57,19 @@ class RedisBackoutStore:
         self.accept = store_accept(serializer, accept)
         self.max_entries = max_entries
         self.dead_ttl = dead_ttl
-        self._park = _script(client, "park")
-        self._delete = _script(client, "delete")
-        self._mark_dead = _script(client, "mark_dead")
-        self._expire_dead = _script(client, "expire_dead")
-        self._claim = _script(client, "claim")
-        self._release = _script(client, "release")
+        self._park = load_script(client, "park")
+        self._delete = load_script(client, "delete")
+        self._mark_dead = load_script(client, "mark_dead")
+        self._expire_dead = load_script(client, "expire_dead")
+        self._claim = load_script(client, "claim")
+        self._release = load_script(client, "release")
 
     # -- writes ---------------------------------------------------------------------------
 
     def park(self, entry: ParkedTask) -> None:
         data = encode(entry, self.serializer)
         meta = Meta.of(entry)
-        with _reachable():
+        with reachable():
             stored = self._put(
                 entry.id, data, meta, entry.parked_at, entry.due_at, self.max_entries
             )
@@ -153,7 +87,7 @@ class RedisBackoutStore:
 
     def stats(self) -> dict[str, float]:
         """Monotonic counters: ``parked|<b>|<reason>``, and what drains added (``bump``)."""
-        with _reachable():
+        with reachable():
             raw = cast(dict[bytes, bytes], self.client.hgetall(self.keys.stats))
         return {k.decode(): float(v) for k, v in raw.items()}
 
@@ -161,13 +95,13 @@ class RedisBackoutStore:
         """Add to counters (one round trip for all of them)."""
         if not counters:
             return
-        with _reachable(), self.client.pipeline(transaction=False) as pipe:
+        with reachable(), self.client.pipeline(transaction=False) as pipe:
             for name, amount in counters.items():
                 pipe.hincrbyfloat(self.keys.stats, name, amount)
             pipe.execute()
 
     def delete(self, entry_id: str) -> bool:
-        with _reachable():
+        with reachable():
             return self._delete_ids([entry_id]) == 1
 
     def purge(
@@ -175,7 +109,7 @@ class RedisBackoutStore:
     ) -> int:
         check_filters(status, reason)
         deleted = 0
-        with _reachable():
+        with reachable():
             # ZSCAN returns every id present for the whole scan, while we delete as we go.
             page: list[str] = []
             for member, _ in self.client.zscan_iter(self.keys.index, count=_PAGE):
@@ -219,7 +153,7 @@ class RedisBackoutStore:
     def mark_dead(self, entry_id: str, dead_reason: str) -> bool:
         check_dead_reason(dead_reason)
         k = self.keys
-        with _reachable():
+        with reachable():
             for _ in range(_RETRIES):
                 meta = self._metas([entry_id]).get(entry_id)
                 if meta is None:
@@ -237,7 +171,7 @@ class RedisBackoutStore:
             return 0
         k = self.keys
         removed = 0
-        with _reachable():
+        with reachable():
             while True:
                 batch = int(
                     self._expire_dead(
@@ -248,59 +182,10 @@ class RedisBackoutStore:
                 if batch < _PAGE:
                     return removed
 
-    # -- the drain's side: claim under a lease, ack after publish ----------------------------
-
-    def claim(
-        self, breaker: str, limit: int, lease: float, now: float | None = None
-    ) -> builtins.list[ParkedTask]:
-        """Lease up to ``limit`` due entries of ``breaker`` (internal name) to the caller."""
-        if limit <= 0:
-            return []
-        k = self.keys
-        with _reachable():
-            flat = self._claim(
-                [k.ready(breaker), k.inflight, k.entries, k.meta, k.index],
-                ["" if now is None else repr(now), limit, repr(lease)],
-            )
-        return [
-            read_entry(i.decode(), data, Meta.decode(meta), float(parked_at), self.accept)
-            for i, data, meta, parked_at in zip(
-                flat[::4], flat[1::4], flat[2::4], flat[3::4], strict=True
-            )
-        ]
-
-    def ack(self, entry_ids: Sequence[str]) -> int:
-        """Remove entries that were published (the end of a claim)."""
-        with _reachable():
-            return self._delete_ids(entry_ids)
-
-    def release(self, breaker: str, entry_ids: Sequence[str], due_at: float) -> int:
-        """Give claimed entries back, due again at ``due_at`` (their publish failed)."""
-        if not entry_ids:
-            return 0
-        with _reachable():
-            keys = [self.keys.ready(breaker), self.keys.inflight]
-            return int(self._release(keys, [repr(due_at), *entry_ids]))
-
-    def in_flight(self) -> int:
-        """Entries claimed by a drainer and not yet acked or given back."""
-        with _reachable():
-            seconds, micros = self.client.time()
-            now = seconds + micros / 1e6
-            return int(self.client.zcount(self.keys.inflight, f"({now!r}", "+inf"))
-
-    def due(self, breaker: str, now: float | None = None) -> int:
-        """Entries of ``breaker`` due now (leased ones are due again when the lease ends)."""
-        with _reachable():
-            if now is None:
-                seconds, micros = self.client.time()
-                now = seconds + micros / 1e6
-            return int(self.client.zcount(self.keys.ready(breaker), "-inf", now))
-
     # -- reads ----------------------------------------------------------------------------
 
     def get(self, entry_id: str) -> ParkedTask | None:
-        with _reachable():
+        with reachable():
             pipe = self.client.pipeline(transaction=False)
             pipe.hget(self.keys.entries, entry_id)
             pipe.hget(self.keys.meta, entry_id)
@@ -329,7 +214,7 @@ class RedisBackoutStore:
         check_page(limit, offset)
         if limit == 0:
             return []
-        with _reachable():
+        with reachable():
             if breaker is None and status is None and reason is None:
                 page = self._newest(offset, limit)
                 return self._load([(m.decode(), s) for m, s in page])
@@ -377,7 +262,7 @@ class RedisBackoutStore:
         return {i: Meta.decode(v) for i, v in zip(ids, values, strict=True) if v is not None}
 
     def _counters(self) -> dict[str, int]:
-        with _reachable():
+        with reachable():
             raw = cast(dict[bytes, bytes], self.client.hgetall(self.keys.counts))
         return {k.decode(): int(v) for k, v in raw.items()}
 

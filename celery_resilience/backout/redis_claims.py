@@ -1,0 +1,79 @@
+"""The drain's side of the Redis back-out store: claim under a lease, ack after publish.
+
+A claimed entry stays in its ready set with its score moved to the lease's end (``claim.lua``):
+if the drainer dies before it acks, the entry is simply due again when the lease ends.
+"""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Sequence
+from typing import Any
+
+import redis
+
+from .entry import ParkedTask
+from .redis_keys import BackoutKeys, reachable
+from .store import Meta, read_entry
+
+
+class RedisClaims:
+    """Mixed into ``RedisBackoutStore``, which provides the attributes declared here."""
+
+    client: redis.Redis
+    keys: BackoutKeys
+    accept: frozenset[str]
+    _claim: Any
+    _release: Any
+
+    def _delete_ids(self, ids: Sequence[str]) -> int:
+        raise NotImplementedError
+
+    # -- the drain's side: claim under a lease, ack after publish ----------------------------
+
+    def claim(
+        self, breaker: str, limit: int, lease: float, now: float | None = None
+    ) -> builtins.list[ParkedTask]:
+        """Lease up to ``limit`` due entries of ``breaker`` (internal name) to the caller."""
+        if limit <= 0:
+            return []
+        k = self.keys
+        with reachable():
+            flat = self._claim(
+                [k.ready(breaker), k.inflight, k.entries, k.meta, k.index],
+                ["" if now is None else repr(now), limit, repr(lease)],
+            )
+        return [
+            read_entry(i.decode(), data, Meta.decode(meta), float(parked_at), self.accept)
+            for i, data, meta, parked_at in zip(
+                flat[::4], flat[1::4], flat[2::4], flat[3::4], strict=True
+            )
+        ]
+
+    def ack(self, entry_ids: Sequence[str]) -> int:
+        """Remove entries that were published (the end of a claim)."""
+        with reachable():
+            return self._delete_ids(entry_ids)
+
+    def release(self, breaker: str, entry_ids: Sequence[str], due_at: float) -> int:
+        """Give claimed entries back, due again at ``due_at`` (their publish failed)."""
+        if not entry_ids:
+            return 0
+        with reachable():
+            keys = [self.keys.ready(breaker), self.keys.inflight]
+            return int(self._release(keys, [repr(due_at), *entry_ids]))
+
+    def in_flight(self) -> int:
+        """Entries claimed by a drainer and not yet acked or given back."""
+        with reachable():
+            seconds, micros = self.client.time()
+            now = seconds + micros / 1e6
+            return int(self.client.zcount(self.keys.inflight, f"({now!r}", "+inf"))
+
+    def due(self, breaker: str, now: float | None = None) -> int:
+        """Entries of ``breaker`` due now (leased ones are due again when the lease ends)."""
+        with reachable():
+            if now is None:
+                seconds, micros = self.client.time()
+                now = seconds + micros / 1e6
+            return int(self.client.zcount(self.keys.ready(breaker), "-inf", now))
