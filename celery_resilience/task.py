@@ -10,14 +10,14 @@ other exception (the task's own FAILURE, not counted by the breaker).
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, NoReturn
 
 from celery import Task
 from celery.exceptions import Ignore, Retry
 
 from . import signals
 from .backoff import BackoffStrategy, Exponential
-from .backout.entry import ParkedTask, Reason
+from .backout.entry import Reason
 from .breaker.breaker import Admission, Permit
 from .breaker.store import Delivery
 from .errors import BreakerOpen, ConfigurationError
@@ -97,7 +97,7 @@ class ResilientTask(Task):  # type: ignore[misc]
         if admission.skip == "redelivered":
             self._park("redelivered", None, request)
         if admission.rejected is not None:
-            return self._rejected(admission.rejected, request)
+            self._rejected(admission.rejected, request)
 
         permit = admission.permit
         try:
@@ -143,20 +143,22 @@ class ResilientTask(Task):  # type: ignore[misc]
             return Admission(None, None)
         return self.resilience.deliver(None, delivery)
 
-    def _rejected(self, rejected: BreakerOpen, request: Any) -> Any:
+    def _rejected(self, rejected: BreakerOpen, request: Any) -> NoReturn:
         if self.on_open == "retry":
-            return self._retry_or_park(rejected, request, delay=rejected.retry_after)
-        return self._park("breaker_open", rejected, request)
+            self._retry_or_park(rejected, request, delay=rejected.retry_after)
+        self._park("breaker_open", rejected, request)
 
-    def _retry_or_park(self, exc: BaseException, request: Any, delay: float | None = None) -> Any:
+    def _retry_or_park(
+        self, exc: BaseException, request: Any, delay: float | None = None
+    ) -> NoReturn:
         retries = request.retries or 0
         if self.max_retries is not None and retries >= self.max_retries:
             reason: Reason = "breaker_open" if isinstance(exc, BreakerOpen) else "retries_exhausted"
-            return self._park(reason, exc, request, due_in=self.backoff(retries))
+            self._park(reason, exc, request, due_in=self.backoff(retries))
         countdown = self.backoff(retries) if delay is None else delay
         if countdown > self.resilience.config.max_countdown:
             # kombu redelivers ETA messages held past the visibility timeout: park instead.
-            return self._park("delay_too_long", exc, request, due_in=countdown)
+            self._park("delay_too_long", exc, request, due_in=countdown)
         logger.info(
             "Task %s[%s] retry %d/%s in %.2fs: %r",
             self.name,
@@ -172,10 +174,9 @@ class ResilientTask(Task):  # type: ignore[misc]
 
     def _park(
         self, reason: Reason, exc: BaseException | None, request: Any, due_in: float = 0.0
-    ) -> ParkedTask:
-        entry = park(self, reason, exc, request, due_in)
+    ) -> NoReturn:
+        park(self, reason, exc, request, due_in)
         raise Ignore()  # the message is acked only now, after the entry is stored
-        return entry  # pragma: no cover
 
 
 def _settle(permit: Permit | None, success: bool) -> None:
