@@ -17,9 +17,13 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import redis
+from redis.exceptions import LockError
+
 from .backout.entry import ParkedTask
 from .backout.redis import BackoutKeys
 from .backout.store import NO_BREAKER, BackoutStore
+from .errors import StoreUnavailable
 from .events import replay_dispatcher
 from .parking import rejected_replays
 from .publishing import check_arguments, is_registered, publish
@@ -86,7 +90,11 @@ def drain_lock(resilience: Resilience, lease: float, wait: float = 0.0) -> Itera
     if not resilience.config.in_memory:
         name = f"{BackoutKeys.for_prefix(resilience.config.key_prefix).tag}:drain-lock"
         lock = resilience.redis.lock(name, timeout=lease, blocking=wait > 0, blocking_timeout=wait)
-        if not lock.acquire():
+        try:
+            acquired = lock.acquire()
+        except redis.RedisError as exc:
+            raise StoreUnavailable(f"drain lock unavailable: {exc}") from exc
+        if not acquired:
             yield None
             return
         try:
@@ -94,8 +102,10 @@ def drain_lock(resilience: Resilience, lease: float, wait: float = 0.0) -> Itera
         finally:
             try:
                 lock.release()
-            except Exception:  # expired meanwhile: someone else may hold it now; not ours to free
+            except LockError:  # expired meanwhile: someone else may hold it now; not ours to free
                 logger.warning("Drain lock expired before release")
+            except redis.RedisError as exc:  # Redis went away: the lock expires by itself
+                logger.warning("Drain lock not released (%s); it expires in %.0fs", exc, lease)
         return
     local = _local_locks.setdefault(id(store), threading.Lock())
     acquired = local.acquire(timeout=wait) if wait > 0 else local.acquire(blocking=False)
@@ -124,22 +134,20 @@ class Drainer:
         # Renewed after every batch; the next one may first wait drain_batch / drain_rate for
         # its tokens, and must then still be published within the lease.
         lock_ttl = self.lease + self.config.drain_batch / self.config.drain_rate
-        with drain_lock(self.resilience, lock_ttl) as lock:
-            if lock is None:
-                report.locked = True
-                logger.info("Drain skipped: another drain is running")
-                return report
-            names = [_internal(breaker)] if breaker is not None else sorted(self.store.breakers())
-            budget = limit
-            for name in names:
-                done = self._drain_breaker(name, budget, lock, report)
-                if budget is not None:
-                    budget -= done
-                    if budget <= 0:
-                        break
-            self.store.expire_dead()
+        try:
+            with drain_lock(self.resilience, lock_ttl) as lock:
+                if lock is None:
+                    report.locked = True
+                    logger.info("Drain skipped: another drain is running")
+                    return report
+                self._run(breaker, limit, lock, report)
+                report.duration = time.monotonic() - started
+                self.store.bump(_counters(report))
+        except (StoreUnavailable, redis.RedisError) as exc:
+            # Nothing is lost: what was claimed comes due again when its lease ends.
+            report.errors += 1
             report.duration = time.monotonic() - started
-            self.store.bump(_counters(report))
+            logger.error("Drain stopped, its store or Redis is unavailable: %s", exc)
         if report.replayed or report.dead or report.errors:
             logger.warning(
                 "Drain: replayed=%d dead=%d skipped=%d errors=%d in %.2fs",
@@ -150,6 +158,17 @@ class Drainer:
                 report.duration,
             )
         return report
+
+    def _run(self, breaker: str | None, limit: int | None, lock: Any, report: DrainReport) -> None:
+        names = [_internal(breaker)] if breaker is not None else sorted(self.store.breakers())
+        budget = limit
+        for name in names:
+            done = self._drain_breaker(name, budget, lock, report)
+            if budget is not None:
+                budget -= done
+                if budget <= 0:
+                    break
+        self.store.expire_dead()
 
     def _allowance(self, name: str) -> int | None:
         """How many entries the breaker lets through now: ``None`` = no gate, 0 = none."""
