@@ -70,7 +70,7 @@ def _settings(resilience: Resilience) -> list[Finding]:
     for name, task in sorted(resilience.app.tasks.items()):
         if not isinstance(task, ResilientTask):
             continue
-        if not _acks_late(task, conf):
+        if not _task_option(task, conf, "acks_late"):
             findings.append(
                 Finding(
                     "warning",
@@ -78,7 +78,7 @@ def _settings(resilience: Resilience) -> list[Finding]:
                     "loses it. Set acks_late=True (and task_reject_on_worker_lost=True).",
                 )
             )
-        elif not _reject_on_worker_lost(task, conf):
+        elif not _task_option(task, conf, "reject_on_worker_lost"):
             findings.append(
                 Finding(
                     "warning",
@@ -90,13 +90,10 @@ def _settings(resilience: Resilience) -> list[Finding]:
     return findings
 
 
-def _acks_late(task: Any, conf: Any) -> bool:
-    return bool(task.acks_late if task.acks_late is not None else conf.task_acks_late)
-
-
-def _reject_on_worker_lost(task: Any, conf: Any) -> bool:
-    own = task.reject_on_worker_lost
-    return bool(own if own is not None else conf.task_reject_on_worker_lost)
+def _task_option(task: Any, conf: Any, name: str) -> bool:
+    """A task's own ``name`` option, else the app's ``task_<name>`` setting."""
+    own = getattr(task, name, None)
+    return bool(own if own is not None else conf.get(f"task_{name}"))
 
 
 def _redis(client: redis.Redis) -> list[Finding]:

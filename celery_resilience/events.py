@@ -49,6 +49,13 @@ def send_task_parked(task: Any, entry: ParkedTask) -> None:
         logger.warning("Could not send task-parked for %s", request.id, exc_info=True)
 
 
+def _worker_hostname() -> str | None:
+    """The worker's own hostname inside a task (a prefork child's default is another name)."""
+    from celery import current_task
+
+    return getattr(getattr(current_task, "request", None), "hostname", None)
+
+
 class ReplayEvents:
     """Sends ``task-replayed`` for each replayed entry through one dispatcher."""
 
@@ -79,10 +86,7 @@ def replay_dispatcher(app: Any, hostname: str | None = None) -> Iterator[ReplayE
     Inside a task (the beat-driven drain runs in a worker) it speaks with the worker's own
     hostname: Flower takes the sender of a task event for a worker.
     """
-    if hostname is None:
-        from celery import current_task
-
-        hostname = getattr(getattr(current_task, "request", None), "hostname", None)
+    hostname = hostname or _worker_hostname()
     try:
         connection = app.connection_for_write()
         # Buffered: one ``task.multi`` message per batch instead of one per entry (Celery's
@@ -119,12 +123,8 @@ def send_breaker_event(app: Any, breaker: str, transition: str, state: str) -> N
     """
     if app.conf.task_always_eager:
         return
-    from celery import current_task
-
-    request = getattr(current_task, "request", None)
-    hostname = getattr(request, "hostname", None)
     try:
-        with app.events.default_dispatcher(hostname=hostname) as dispatcher:
+        with app.events.default_dispatcher(hostname=_worker_hostname()) as dispatcher:
             dispatcher.send(
                 breaker_event_type(transition), breaker=breaker, state=state, retry=False
             )

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import threading
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from .backout.entry import ParkedTask
@@ -30,23 +32,31 @@ def publish(resilience: Resilience, entry: ParkedTask, producer: Any = None) -> 
     )
 
 
-_imported: set[int] = set()
+_loaded: weakref.WeakSet[Any] = weakref.WeakSet()
+_loading = threading.Lock()
 
 
-def is_registered(app: Any, name: str) -> bool:
-    """Whether ``app`` knows the task, after loading its task modules as a worker does.
+def load_task_modules(app: Any) -> None:
+    """Import the app's task modules once, as its workers do at start (again after a failure).
 
     A process that is not a worker (the CLI, a web process) has not run autodiscovery: a task
-    found only that way would look unregistered, and its entry would be declared dead.
+    found only that way would look unregistered there.
     """
-    if name in app.tasks:
-        return True
-    if id(app) not in _imported:
-        _imported.add(id(app))
+    with _loading:
+        if app in _loaded:
+            return
         try:
             app.loader.import_default_modules()
         except Exception:  # a broken task module: its tasks stay unknown, and that is reported
             logger.exception("Could not import the task modules of app %r", app.main)
+            return
+        _loaded.add(app)
+
+
+def is_registered(app: Any, name: str) -> bool:
+    """Whether ``app`` knows the task, after loading its task modules as a worker does."""
+    if name not in app.tasks:
+        load_task_modules(app)
     return name in app.tasks
 
 

@@ -13,6 +13,8 @@ from collections.abc import Iterator
 import pytest
 import redis
 
+from celery_resilience.contrib.pytest import delete_prefix
+
 pytest_plugins = ("pytester",)
 
 REDIS_URL = os.environ.get("RESILIENCE_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
@@ -40,14 +42,6 @@ def key_prefix(redis_client: redis.Redis) -> Iterator[str]:
     prefix = f"test-{uuid.uuid4().hex[:12]}"
     yield prefix
     delete_prefix(redis_client, prefix)
-
-
-def delete_prefix(client: redis.Redis, prefix: str) -> None:
-    # Keys are hash-tagged, so a prefix may appear right after the opening brace.
-    for pattern in (f"{prefix}*", f"{{{prefix}*"):
-        keys = list(client.scan_iter(match=pattern, count=1000))
-        if keys:
-            client.delete(*keys)
 
 
 #: Queue names the suite makes (each with a random suffix): kombu's Redis transport leaves a

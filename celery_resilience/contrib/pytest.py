@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import pytest
+import redis
 
 from ..backout.entry import ParkedTask
 from ..breaker.breaker import Breaker
@@ -127,7 +128,7 @@ def resilience_factory(
     yield make
     for app, previous, resilience in reversed(made):
         if not resilience.config.in_memory:
-            _delete_prefix(resilience)
+            delete_prefix(resilience.redis, resilience.config.key_prefix)
         if previous is None:
             forget(app)
         else:
@@ -142,9 +143,8 @@ def resilience(
     return resilience_factory(request.getfixturevalue("celery_app"))
 
 
-def _delete_prefix(resilience: Resilience) -> None:
-    client = resilience.redis
-    prefix = resilience.config.key_prefix
+def delete_prefix(client: redis.Redis, prefix: str) -> None:
+    """Delete every key under ``prefix`` (hash-tagged ones too); never a whole database."""
     for pattern in (f"{prefix}*", f"{{{prefix}*"):
         keys = list(client.scan_iter(match=pattern, count=1000))
         if keys:

@@ -5,24 +5,18 @@
 usually makes current).
 
 The web process loads the app's task modules once, as a worker does at start
-(``app.loader.import_default_modules()``: ``app.autodiscover_tasks()``, ``imports``,
-``include``): otherwise a task found only by autodiscovery is not registered there, and
-"Replay now" refuses it as unknown.
+(``publishing.load_task_modules``): otherwise a task found only by autodiscovery is not
+registered there, and the pages would show it as unknown.
 """
 
 from __future__ import annotations
 
-import logging
-import threading
-import weakref
 from typing import Any
 
+from ...publishing import load_task_modules
 from ...resilience import Resilience
 
 SETTING = "CELERY_RESILIENCE_APP"
-logger = logging.getLogger("celery_resilience.admin")
-_loaded: weakref.WeakSet[Any] = weakref.WeakSet()
-_loading = threading.Lock()
 
 
 def celery_app() -> Any:
@@ -47,19 +41,6 @@ def celery_app() -> Any:
     if not hasattr(app, "conf") or not hasattr(app, "tasks"):
         raise ImproperlyConfigured(f"{SETTING}={path!r} is not a Celery app: {app!r}")
     return app
-
-
-def load_task_modules(app: Any) -> None:
-    """Import the app's task modules once, as its workers do (tried again after a failure)."""
-    with _loading:
-        if app in _loaded:
-            return
-        try:
-            app.loader.import_default_modules()
-        except Exception:  # a broken task module: its tasks stay unknown, the page says so
-            logger.exception("Could not import the task modules of Celery app %r", app.main)
-            return
-        _loaded.add(app)
 
 
 def resilience() -> Resilience:
