@@ -14,11 +14,12 @@ from typing import TYPE_CHECKING, Any, Literal
 import redis
 
 from .config import broker_countdown_limit
+from .redact import get_logger, redact
 
 if TYPE_CHECKING:
     from .resilience import Resilience
 
-logger = logging.getLogger("celery_resilience.checks")
+logger = get_logger("celery_resilience.checks")
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,10 @@ def run_checks(resilience: Resilience) -> list[Finding]:
     try:
         findings += _redis(resilience.redis)
     except redis.RedisError as exc:
-        findings.append(Finding("error", f"Redis at resilience_redis_url unreachable: {exc}"))
+        url = redact(resilience.config.redis_url)
+        findings.append(
+            Finding("error", f"Redis at resilience_redis_url ({url}) unreachable: {exc}")
+        )
     return findings
 
 

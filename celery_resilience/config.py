@@ -11,9 +11,12 @@ import importlib
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, cast
 from urllib.parse import urlparse
 
+from kombu import serialization
+
+from .backoff import Exponential
 from .errors import ConfigurationError
 
 RedisErrorPolicy = Literal["fail_open", "fail_closed"]
@@ -28,6 +31,11 @@ _DEFAULT_VISIBILITY_TIMEOUT = 3600.0
 _AMQP_CONSUMER_TIMEOUT = 1800.0
 #: Share of the broker's limit a countdown may use: keeps a margin for clock skew and queueing.
 _COUNTDOWN_SAFETY = 0.9
+#: The longest a ``park_on`` entry waits between replays (seconds).
+_PARK_ON_DELAY_CAP = 86400.0
+_prepare_accept = cast(Callable[..., set[str]], serialization.prepare_accept_content)
+#: Where ``resilience_backout_store = "django"`` finds its factory.
+DJANGO_STORE = "celery_resilience.contrib.django.store.make_store"
 
 T = TypeVar("T")
 
@@ -50,6 +58,7 @@ SETTINGS = (
     "dead_ttl",
     "backout_max_entries",
     "backout_store",
+    "park_on_delay",
 )
 
 
@@ -96,6 +105,8 @@ class ResilienceConfig:
     #: Where parked tasks live: "redis" (default), "django" (the ORM of
     #: celery_resilience.contrib.django) or a dotted path to a factory(resilience) -> store.
     backout_store: str = "redis"
+    #: Seconds before a ``park_on`` entry is due again, doubling with each replay.
+    park_on_delay: float = 60.0
     #: How long the broker may hold an unacked message before it redelivers it (seconds).
     broker_redelivery_after: float = _DEFAULT_VISIBILITY_TIMEOUT
 
@@ -107,6 +118,12 @@ class ResilienceConfig:
     def delivery_ttl(self) -> int:
         """Lifetime of a message's delivery counter: long enough to see every redelivery."""
         return int(self.broker_redelivery_after * (self.max_deliveries + 1))
+
+    def park_on_due_in(self, replays: int) -> float:
+        """When a ``park_on`` entry is due: later with each replay (the dependency keeps saying
+        "not now"), so the drain does not send it back at every run."""
+        cap = max(self.park_on_delay, _PARK_ON_DELAY_CAP)
+        return Exponential(base=self.park_on_delay, cap=cap, jitter="equal")(replays)
 
     def breaker(self, name: str) -> BreakerConfig:
         """The settings of breaker ``name``: its own entry, or the defaults for undeclared names."""
@@ -153,8 +170,9 @@ class ResilienceConfig:
             max_countdown=_max_countdown(get("max_countdown"), conf),
             max_deliveries=_integer("resilience_max_deliveries", get("max_deliveries", 3)),
             dedup_ttl=_positive("resilience_dedup_ttl", get("dedup_ttl", 86400.0)),
-            serializer=_string(
-                "resilience_serializer", get("serializer") or conf.get("task_serializer") or "json"
+            serializer=_serializer(
+                get("serializer") or conf.get("task_serializer") or "json",
+                conf.get("accept_content"),
             ),
             drain_batch=_integer("resilience_drain_batch", get("drain_batch", 100)),
             drain_rate=_positive("resilience_drain_rate", get("drain_rate", 50.0)),
@@ -163,7 +181,8 @@ class ResilienceConfig:
             backout_max_entries=_integer(
                 "resilience_backout_max_entries", get("backout_max_entries", 1_000_000)
             ),
-            backout_store=_string("resilience_backout_store", get("backout_store", "redis")),
+            backout_store=_backout_store(get("backout_store", "redis")),
+            park_on_delay=_positive("resilience_park_on_delay", get("park_on_delay", 60.0)),
             broker_redelivery_after=broker_countdown_limit(conf),
         )
 
@@ -265,6 +284,50 @@ def _import_path(setting: str, path: str) -> Any:
         return getattr(importlib.import_module(module or "builtins"), name)
     except (ImportError, AttributeError, ValueError, TypeError) as exc:  # TypeError: ".x"
         raise _bad(setting, path, "an importable dotted path") from exc
+
+
+def _serializer(value: Any, accept_content: Any) -> str:
+    """A serializer kombu knows, whose content type the app accepts: otherwise every parked
+    entry would be written fine and come back undecodable."""
+    name = _string("resilience_serializer", value)
+    content_type = serialization.registry.name_to_type.get(name)
+    if content_type is None:
+        known = ", ".join(sorted(serialization.registry.name_to_type))
+        raise _bad("resilience_serializer", name, f"a registered serializer ({known})")
+    accept = ["json"] if accept_content is None else list(accept_content)
+    try:
+        accepted = _prepare_accept(accept)
+    except Exception as exc:  # an unknown name in accept_content
+        raise ConfigurationError(f"accept_content {accept!r} can't be read: {exc}") from exc
+    if content_type not in accepted:
+        raise ConfigurationError(
+            f"resilience_serializer {name!r} is not in accept_content {accept!r}: parked tasks "
+            "could not be read back. Add it to accept_content or choose another serializer."
+        )
+    return name
+
+
+def backout_store_factory(path: str) -> Callable[..., Any]:
+    """The factory named by ``resilience_backout_store`` (``"django"`` or a dotted path)."""
+    dotted = DJANGO_STORE if path == "django" else path.replace(":", ".")
+    module, _, name = dotted.rpartition(".")
+    try:
+        factory = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ConfigurationError(
+            "resilience_backout_store must be 'redis', 'django' or the dotted path of an "
+            f"importable factory, got {path!r} ({type(exc).__name__}: {exc})"
+        ) from exc
+    if not callable(factory):
+        raise _bad("resilience_backout_store", path, "the dotted path of a callable factory")
+    return cast(Callable[..., Any], factory)
+
+
+def _backout_store(value: Any) -> str:
+    path = _string("resilience_backout_store", value)
+    if path != "redis":
+        backout_store_factory(path)  # fails now, naming the setting, not at the first park
+    return path
 
 
 def _redis_url(value: Any, broker_url: Any) -> str:

@@ -9,7 +9,7 @@ permits (the probes decide), a closed one at ``resilience_drain_rate`` tasks/s.
 
 from __future__ import annotations
 
-import logging
+import math
 import threading
 import time
 from collections.abc import Iterator
@@ -22,16 +22,17 @@ from redis.exceptions import LockError
 
 from .backout.entry import ParkedTask
 from .backout.redis import BackoutKeys
-from .backout.store import NO_BREAKER, BackoutStore
+from .backout.store import NO_BREAKER, BackoutStore, dead_reason, held
 from .errors import StoreUnavailable
 from .events import replay_dispatcher
-from .parking import rejected_replays
-from .publishing import check_arguments, is_registered, publish
+from .headers import rejected_replays
+from .publishing import Refusal, broker_errors, preflight, publish
+from .redact import get_logger
 
 if TYPE_CHECKING:
     from .resilience import Resilience
 
-logger = logging.getLogger("celery_resilience.drain")
+logger = get_logger("celery_resilience.drain")
 
 #: Seconds a claimed entry stays with the drainer before it is due again.
 DEFAULT_LEASE = 60.0
@@ -39,6 +40,11 @@ DEFAULT_LEASE = 60.0
 REJECTED_REPLAYS_FACTOR = 10
 #: When a publish fails, the entries it left are due again this much later (seconds).
 PUBLISH_RETRY_DELAY = 5.0
+#: Tries of one entry's publish before its error is taken for the entry's own.
+PUBLISH_TRIES = 3
+#: Entries refused in a row, none published, after which the broker is taken to be refusing
+#: everything (out of memory, read-only) rather than those entries.
+SUSPECTS_BEFORE_OUTAGE = 3
 _local_locks: dict[int, threading.Lock] = {}
 
 
@@ -205,12 +211,12 @@ class Drainer:
             claimed = self.store.claim(name, want, self.lease)
             if not claimed:
                 break
-            published, dead = self._publish_batch(name, claimed, report)
+            published, dead, outage = self._publish_batch(name, claimed, report)
             released += published
             stats["replayed"] += published
             stats["dead"] += dead
-            if published + dead < len(claimed):
-                break  # the broker refused: stop this breaker, the rest is given back
+            if outage:
+                break  # the broker is down: stop this breaker, the rest was given back
             if hasattr(lock, "reacquire"):
                 lock.reacquire()  # renew the lock's expiry for the next batch
         stats["skipped"] = self.store.due(name)
@@ -219,63 +225,106 @@ class Drainer:
 
     def _publish_batch(
         self, name: str, claimed: list[ParkedTask], report: DrainReport
-    ) -> tuple[int, int]:
-        published: list[str] = []
-        dead = 0
+    ) -> tuple[int, int, bool]:
+        """Publish a claimed batch; ack what went out, mark dead what never can, give back the
+        rest. An error that belongs to one entry never stops the entries behind it.
+
+        Returns (published, dead, whether the broker looked down)."""
+        now = self.resilience.now()
+        outage, refusals = broker_errors(self.resilience.app)
+        published: list[ParkedTask] = []
+        dead: list[tuple[ParkedTask, str]] = []
+        suspects: list[tuple[ParkedTask, BaseException]] = []
+        give_back: list[ParkedTask] = []
+        down = False
         with (
             self.resilience.app.producer_or_acquire() as producer,
             replay_dispatcher(self.resilience.app) as events,
         ):
             for index, entry in enumerate(claimed):
-                reason = self._dead_reason(entry)
-                if reason is not None:
-                    self.store.mark_dead(entry.id, reason)
-                    logger.error("Entry %s (%s) is dead: %s", entry.id, entry.task_name, reason)
-                    dead += 1
+                if held(entry.reason):  # written before held entries left the ready set
+                    self.store.release(name, [entry.id], math.inf)
                     continue
-                try:
-                    check_arguments(self.resilience, entry)
-                except TypeError as exc:  # the args no longer fit the task's signature
-                    self.store.mark_dead(entry.id, "bad_arguments")
-                    logger.error("Entry %s (%s) is dead: %s", entry.id, entry.task_name, exc)
-                    dead += 1
+                refusal = self._refusal(entry, now)
+                if refusal is not None:
+                    dead.append((entry, refusal.dead_reason))
                     continue
-                # Announced before the publish, so the worker's events come after it in Flower.
-                events.replayed(entry)
-                try:
-                    publish(self.resilience, entry, producer)
-                except Exception:
-                    logger.exception("Publishing %s[%s] failed", entry.task_name, entry.task_id)
+                error = self._publish(entry, producer, outage)
+                if error is None:
+                    published.append(entry)
+                    events.replayed(entry)  # after the publish: the entry is on its way now
+                    continue
+                if isinstance(error, outage) or (
+                    not published
+                    and len(suspects) + 1 >= SUSPECTS_BEFORE_OUTAGE
+                    and all(isinstance(e, refusals) for _, e in [*suspects, (entry, error)])
+                ):
+                    # The broker is down (or refuses everything): stop, give the rest back.
+                    logger.error(
+                        "Publishing %s[%s] failed: %r", entry.task_name, entry.task_id, error
+                    )
                     report.errors += 1
-                    rest = [e.id for e in claimed[index:]]
-                    self.store.ack(published)
-                    self.store.release(name, rest, self.resilience.now() + PUBLISH_RETRY_DELAY)
-                    report.replayed += len(published)
-                    report.dead += dead
-                    return len(published), dead
-                published.append(entry.id)
-        self.store.ack(published)
+                    down = True
+                    give_back += [e for e, _ in suspects] + claimed[index:]
+                    suspects = []
+                    break
+                suspects.append((entry, error))
+        for entry, error in suspects:
+            if published or not isinstance(error, refusals):
+                dead.append(
+                    (entry, dead_reason("unpublishable", f"{type(error).__name__}: {error}"))
+                )
+            else:  # alone and refused: can't tell the entry from the broker; try again later
+                give_back.append(entry)
+        self.store.ack([e.id for e in published])
+        for entry, reason in dead:
+            self.store.mark_dead(entry.id, reason)
+            logger.error("Entry %s (%s) is dead: %s", entry.id, entry.task_name, reason)
+        if give_back:
+            self.store.release(name, [e.id for e in give_back], now + PUBLISH_RETRY_DELAY)
         report.replayed += len(published)
-        report.dead += dead
-        return len(published), dead
+        report.dead += len(dead)
+        return len(published), len(dead), down
 
-    def _dead_reason(self, entry: ParkedTask) -> str | None:
-        if entry.status == "dead" or entry.dead_reason:
-            return entry.dead_reason or "undecodable"  # undecodable, or unreadable metadata
-        if not is_registered(self.resilience.app, entry.task_name):
-            return "unregistered"
+    def _publish(
+        self, entry: ParkedTask, producer: Any, outage: tuple[type[BaseException], ...]
+    ) -> BaseException | None:
+        """Publish ``entry`` (a few tries for an error that is not an outage); the last error."""
+        error: BaseException | None = None
+        for _ in range(PUBLISH_TRIES):
+            try:
+                publish(self.resilience, entry, producer)
+            except Exception as exc:
+                if isinstance(exc, outage):
+                    return exc
+                error = exc
+            else:
+                return None
+        return error
+
+    def _refusal(self, entry: ParkedTask, now: float) -> Refusal | None:
+        refusal = preflight(self.resilience, entry, now)
+        if refusal is not None:
+            return refusal
         rejected = rejected_replays(entry.options.get("headers"))
         # Replays the breaker turned away unrun are not attempts; a hard cap still ends a
         # task that is turned away forever.
-        if entry.replays - rejected >= self.config.max_replays:
-            return "max_replays"
-        if entry.replays >= self.config.max_replays * REJECTED_REPLAYS_FACTOR:
-            return "max_replays"
+        if entry.replays - rejected >= self.config.max_replays or (
+            entry.replays >= self.config.max_replays * REJECTED_REPLAYS_FACTOR
+        ):
+            return Refusal(
+                "max_replays",
+                f"{entry.task_name}[{entry.task_id}] was replayed {entry.replays} times",
+            )
         return None
 
 
 def replay(resilience: Resilience, entry_id: str) -> ParkedTask:
-    """Publish one entry now, whatever its breaker says (a person asked), then remove it."""
+    """Publish one entry now, whatever its breaker says (a person asked), then remove it.
+
+    ``KeyError`` if absent; ``ValueError`` saying why if a worker would refuse it (an expired
+    entry is marked dead on the way, as the drain would).
+    """
     store = resilience.backout_store
     with drain_lock(resilience, DEFAULT_LEASE, wait=10.0) as lock:
         if lock is None:
@@ -283,17 +332,14 @@ def replay(resilience: Resilience, entry_id: str) -> ParkedTask:
         entry = store.get(entry_id)
         if entry is None:
             raise KeyError(entry_id)
-        if entry.dead_reason == "undecodable":
-            raise ValueError(f"entry {entry_id} can't be decoded: {entry.exc_message}")
-        if not is_registered(resilience.app, entry.task_name):
-            raise ValueError(f"task {entry.task_name!r} is not registered in this app")
-        try:
-            check_arguments(resilience, entry)
-        except TypeError as exc:  # the args no longer fit the task's signature
-            raise ValueError(f"arguments don't fit {entry.task_name}: {exc}") from exc
+        refusal = preflight(resilience, entry, resilience.now())
+        if refusal is not None:
+            if refusal.dead_reason == "expired":
+                store.mark_dead(entry_id, refusal.dead_reason)
+            raise ValueError(refusal.message)
+        publish(resilience, entry)
         with replay_dispatcher(resilience.app) as events:
             events.replayed(entry)
-        publish(resilience, entry)
         store.delete(entry_id)
         store.bump({f"replayed|{_internal(entry.breaker or NO_BREAKER)}": 1})
     logger.warning("Replayed %s[%s] (entry %s)", entry.task_name, entry.task_id, entry_id)

@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from .redact import redact
+
 
 class ResilienceError(Exception):
-    """Base class of every error raised by celery-resilience."""
+    """Base class of every error raised by celery-resilience; its message never shows a password
+    (a URL's credentials are masked)."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*(redact(a) if isinstance(a, str) else a for a in args))
 
 
 class ConfigurationError(ResilienceError, ValueError):

@@ -7,15 +7,15 @@ child's default dispatcher would use another name, and Flower would not match it
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .backout.entry import ParkedTask
+from .redact import get_logger
 
-logger = logging.getLogger("celery_resilience.events")
+logger = get_logger("celery_resilience.events")
 #: Replay events sent in one message at most (a drain flushes at the end of each batch anyway).
 REPLAY_EVENT_BUFFER = 1000
 

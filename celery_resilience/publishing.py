@@ -1,27 +1,87 @@
-"""Sending a parked entry again: the checks a worker would make, then the publish itself."""
+"""Sending a parked entry again: the one preflight (the checks a worker would make), the publish,
+and telling a broker outage from an entry that the broker will never take."""
 
 from __future__ import annotations
 
-import logging
 import threading
 import weakref
+from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from .backout.entry import ParkedTask
-from .parking import REPLAYS_HEADER
+from .backout.store import dead_reason
+from .headers import replay_headers
+from .redact import get_logger
 
 if TYPE_CHECKING:
     from .resilience import Resilience
 
-logger = logging.getLogger("celery_resilience.drain")
+logger = get_logger("celery_resilience.drain")
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why an entry can't be published: ``dead_reason`` for the store, ``message`` for people."""
+
+    dead_reason: str
+    message: str
+
+
+def preflight(resilience: Resilience, entry: ParkedTask, now: float) -> Refusal | None:
+    """What a worker would refuse this entry for, checked before it is published (``None``: go).
+
+    The one place these checks live: the drain marks a refused entry dead, a replay on demand
+    reports why it refused.
+    """
+    if entry.status == "dead" or entry.dead_reason:  # undecodable, or unreadable metadata
+        reason = entry.dead_reason or "undecodable"
+        return Refusal(reason, entry.exc_message or f"entry {entry.id} is {reason}")
+    app = resilience.app
+    if not is_registered(app, entry.task_name):
+        return Refusal("unregistered", f"task {entry.task_name!r} is not registered in this app")
+    try:
+        check_arguments(resilience, entry)
+    except TypeError as exc:  # the args no longer fit the task's signature
+        message = f"arguments don't fit {entry.task_name}: {exc}"
+        return Refusal(dead_reason("bad_arguments", str(exc)), message)
+    expires = expiry(entry, app)
+    if expires is not None and expires <= now:
+        when = datetime.fromtimestamp(expires, tz=timezone.utc).isoformat()
+        return Refusal("expired", f"{entry.task_name}[{entry.task_id}] expired at {when}")
+    return None
+
+
+def expiry(entry: ParkedTask, app: Any) -> float | None:
+    """When the task's ``expires`` passes (epoch seconds), or ``None`` if it never expires.
+
+    A parked task keeps the ISO time its message carried; a naive one is in the app's time zone
+    (as the worker reads it); a number is seconds after it was parked.
+    """
+    raw = entry.options.get("expires")
+    if raw is None or raw == "":
+        return None
+    if isinstance(raw, (int, float)) and not isinstance(raw, bool):
+        return entry.parked_at + float(raw)
+    moment = raw
+    if isinstance(raw, str):
+        try:
+            moment = datetime.fromisoformat(raw)
+        except ValueError:
+            return None  # unreadable: Celery will judge it when it arrives
+    if not isinstance(moment, datetime):
+        return None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=app.timezone)
+    return moment.timestamp()
 
 
 def publish(resilience: Resilience, entry: ParkedTask, producer: Any = None) -> None:
     """Send ``entry`` again with its task id and options; ``KeyError`` if not registered."""
     task = resilience.app.tasks[entry.task_name]
     options = dict(entry.options)
-    headers = dict(options.pop("headers", None) or {})
-    headers[REPLAYS_HEADER] = entry.replays + 1
+    headers = replay_headers(options, entry.replays)
+    options.pop("headers", None)
     task.apply_async(
         entry.args,
         entry.kwargs,
@@ -30,6 +90,24 @@ def publish(resilience: Resilience, entry: ParkedTask, producer: Any = None) -> 
         producer=producer,
         **options,
     )
+
+
+Errors = tuple[type[BaseException], ...]
+
+
+def broker_errors(app: Any) -> tuple[Errors, Errors]:
+    """(connection errors, channel errors) of the app's broker transport.
+
+    A connection error is an outage: every publish would fail. A channel error is the broker
+    refusing one message (a queue it won't take, a size limit, a permission), or a broker that
+    refuses everything (out of memory): the drain tells them apart by whether other entries
+    went through.
+    """
+    connection = app.connection_for_write()
+    try:
+        return tuple(connection.connection_errors), tuple(connection.channel_errors)
+    finally:
+        connection.release()
 
 
 _loaded: weakref.WeakSet[Any] = weakref.WeakSet()

@@ -6,8 +6,6 @@ nothing opened by the parent is used, since a shared socket would interleave rep
 
 from __future__ import annotations
 
-import importlib
-import logging
 import os
 import threading
 import time
@@ -27,12 +25,14 @@ from .breaker.breaker import Admission, Breaker, RedisHealth, TransitionListener
 from .breaker.memory import MemoryBreakerStore
 from .breaker.redis import RedisBreakerStore
 from .breaker.store import BreakerStore, Delivery
-from .config import ResilienceConfig
+from .config import ResilienceConfig, backout_store_factory
 from .drain import Drainer, DrainReport, replay
-from .errors import ConfigurationError, StoreUnavailable
+from .errors import StoreUnavailable
 from .events import send_breaker_event
+from .redact import get_logger
+from .trouble import TroubleLog
 
-logger = logging.getLogger("celery_resilience")
+logger = get_logger("celery_resilience")
 _instances: weakref.WeakKeyDictionary[Any, Resilience] = weakref.WeakKeyDictionary()
 _instances_lock = threading.Lock()
 
@@ -54,18 +54,20 @@ def all_instances() -> list[Resilience]:
         return list(_instances.values())
 
 
-def make_redis_client(config: ResilienceConfig) -> redis.Redis:
+def make_redis_client(config: ResilienceConfig, retry: bool = True) -> redis.Redis:
     """A client that gives up within ``resilience_redis_timeout`` instead of redis-py's seconds.
 
-    One retry without backoff lets a pooled connection that Redis closed (a restart) reconnect
-    at once. Timeouts are not retried: a script that timed out may still run, and sending it
-    again would apply it twice (a failure counted double).
+    With ``retry``, one retry without backoff lets a pooled connection that Redis closed (a
+    restart) reconnect at once: for reads and for writes that may safely run twice (a park is
+    idempotent on its entry id). Without it, a command is sent once: the breaker's scripts count
+    and grant probes, and one whose reply was lost may have run, so sending it again could
+    count a failure twice or grant one probe too many. Timeouts are never retried.
     """
     return redis.Redis.from_url(
         config.redis_url,
         socket_connect_timeout=config.redis_timeout,
         socket_timeout=config.redis_timeout,
-        retry=Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,)),
+        retry=Retry(NoBackoff(), 1 if retry else 0, supported_errors=(redis.ConnectionError,)),
         # No health check: its PING has a retry of its own, which made a hanging Redis cost
         # four timeouts per call instead of two; the retry above handles a stale connection.
         health_check_interval=0,
@@ -88,6 +90,10 @@ class Resilience:
         #: Send Flower-visible events for breaker transitions (off in tests that don't care).
         self.send_events = True
         self.transition_listeners: list[TransitionListener] = [self._send_transition_event]
+        #: Failures to park, and to publish a retry, logged once per cause (their own loggers).
+        self.park_trouble = TroubleLog(get_logger("celery_resilience.park"), "parking")
+        self.retry_trouble = TroubleLog(get_logger("celery_resilience.task"), "publishing retries")
+        self.clock_trouble = TroubleLog(logger, "Redis TIME")
         self._fixed_breaker_store = breaker_store
         self._fixed_backout = backout
         self._backout: BackoutStore | None = None
@@ -139,7 +145,7 @@ class Resilience:
                 return
             self._client = make_redis_client(self.config)
             self._breaker_store = self._fixed_breaker_store or RedisBreakerStore(
-                self._client, self.config.key_prefix
+                make_redis_client(self.config, retry=False), self.config.key_prefix
             )
             self._backout = (
                 self._fixed_backout
@@ -157,19 +163,9 @@ class Resilience:
 
     def _custom_backout(self) -> BackoutStore | None:
         """The store named by ``resilience_backout_store`` when it is not Redis."""
-        choice = self.config.backout_store
-        if choice == "redis":
+        if self.config.backout_store == "redis":
             return None
-        path = "celery_resilience.contrib.django.store.make_store" if choice == "django" else choice
-        module, _, name = path.replace(":", ".").rpartition(".")
-        try:
-            factory = getattr(importlib.import_module(module), name)
-        except (ImportError, AttributeError, ValueError) as exc:
-            raise ConfigurationError(
-                f"resilience_backout_store must be 'redis', 'django' or an importable factory, "
-                f"got {choice!r} ({exc})"
-            ) from exc
-        store: BackoutStore = factory(self)
+        store: BackoutStore = backout_store_factory(self.config.backout_store)(self)
         return store
 
     def reset_connections(self) -> None:
@@ -277,8 +273,11 @@ class Resilience:
         """Epoch seconds from Redis ``TIME`` (the fleet's one clock), or local time if down."""
         try:
             seconds, micros = self.redis.time()
-        except (redis.RedisError, StoreUnavailable):
+        except (redis.RedisError, StoreUnavailable) as exc:
+            if not self.config.in_memory:
+                self.clock_trouble.failed(exc, "Redis TIME unavailable: using this host's clock")
             return time.time()
+        self.clock_trouble.ok()
         return float(seconds) + micros / 1_000_000
 
     def breaker_names(self) -> list[str]:

@@ -17,7 +17,8 @@ from celery.signals import (
     worker_shutdown,
 )
 from celery.utils.dispatch import Signal
-from celery.utils.log import get_logger
+
+from .redact import get_logger
 
 logger = get_logger("celery_resilience")
 

@@ -1,33 +1,45 @@
 """``ResilientTask``: the base class an app adopts, with ``base=ResilientTask``.
 
-Each delivery: admission (one round trip: breaker permit, delivery count, dedup check) ->
-the body, with nothing held -> the outcome classified: success; ``retry_on`` (a breaker failure,
-retried through ``apply_async(countdown=...)`` with the backoff's jittered delay, or parked when
-retries run out or the delay is longer than the broker holds safely); ``park_on`` (parked); any
-other exception (the task's own FAILURE, not counted by the breaker).
+Each delivery: admission (the breaker's permit, the delivery count, the dedup check) -> the body,
+with nothing held -> the outcome classified: success; ``retry_on`` (a breaker failure, retried
+through ``apply_async(countdown=...)`` with the backoff's jittered delay, or parked when retries
+run out or the delay is longer than the broker holds safely); ``park_on`` (parked); any other
+exception (the task's own FAILURE, not counted by the breaker).
+
+No path of the package's own ends in an ack that loses the message: when admission, the store
+or the retry's publish fails, the message is kept in the broker (published again, same id, in
+``KEEP_COUNTDOWN`` seconds), and when even that publish fails it is requeued, never rejected.
 """
 
 from __future__ import annotations
 
-import logging
+import time
 from typing import Any, NoReturn
 
 from celery import Task
-from celery.exceptions import Ignore, Retry
+from celery.exceptions import Ignore, Reject, Retry
 
-from . import signals
+from . import parking, signals
 from .backoff import BackoffStrategy, Exponential
-from .backout.entry import Reason
+from .backout.entry import ParkedTask, Reason
 from .breaker.breaker import Admission, Permit
 from .breaker.store import Delivery
 from .errors import BreakerOpen, ConfigurationError
-from .parking import park, replays_of
+from .events import send_task_parked
+from .headers import replays_of
+from .redact import get_logger
 from .resilience import Resilience
 
-logger = logging.getLogger("celery_resilience.task")
+logger = get_logger("celery_resilience.task")
 signals.connect()
 
 ON_OPEN = ("park", "retry")
+PARKED = "PARKED"
+#: Seconds until a message kept in the broker (the store or a publish failed) comes back.
+KEEP_COUNTDOWN = 30.0
+#: Pause before a requeue (the broker took neither a retry nor a kept copy): a requeued message
+#: comes straight back, and this keeps such a loop from spinning while both are down.
+REQUEUE_PAUSE = 1.0
 
 
 def _exception_types(task: str, option: str, value: Any) -> tuple[type[BaseException], ...]:
@@ -90,7 +102,11 @@ class ResilientTask(Task):  # type: ignore[misc]
         request = self.request
         if request.called_directly:  # a plain function call, outside any worker: just run it
             return super().__call__(*args, **kwargs)  # Celery's: pushes request and task stack
-        admission = self._admit(request)
+        try:
+            admission = self._admit(request)
+        except Exception as exc:  # our own machinery failed before the body ran
+            logger.exception("Admission of %s[%s] failed", self.name, request.id)
+            self._keep(request, exc)
         if admission.skip == "done":
             logger.info("Task %s[%s] already succeeded: skipped", self.name, request.id)
             raise Ignore()
@@ -102,25 +118,28 @@ class ResilientTask(Task):  # type: ignore[misc]
         permit = admission.permit
         try:
             result = self.run(*args, **kwargs)
-        except (Retry, Ignore):  # the body's own retry() or Ignore: Celery's business
-            _settle(permit, success=True)
+        except (Retry, Ignore, Reject):  # the body's own retry(), Ignore or Reject: Celery's
+            _settle(permit, "success")
             raise
         except self.park_on as exc:
             # The dependency answered "not now": it is up, so a probe counts as a success.
-            _settle(permit, success=True)
-            self._park("park_on", exc, request)
+            _settle(permit, "success")
+            due_in = self.resilience.config.park_on_due_in(replays_of(request))
+            self._park("park_on", exc, request, due_in=due_in)
         except self.retry_on as exc:
-            _settle(permit, success=False)
+            _settle(permit, "failure")
             self._retry_or_park(exc, request)
         except Exception:
-            # The task's own failure (a bug, bad input). Only a probe is settled, as a success:
-            # the dependency was not judged, and its permit must not wait for the lease.
-            if permit is not None and permit.kind == "probe":
-                permit.success()
+            # The task's own failure (a bug, bad input): the dependency was not judged. A probe
+            # is released, so the next call probes at once instead of after the lease.
+            _settle(permit, "release")
             raise
-        _settle(permit, success=True)
+        _settle(permit, "success")
         if self.deduplicate:
-            self.resilience.mark_done(self.breaker, request.id)
+            try:
+                self.resilience.mark_done(self.breaker, request.id)
+            except Exception:  # the work is done: bookkeeping must not turn it into a failure
+                logger.exception("Could not mark %s[%s] done", self.name, request.id)
         return result
 
     # -- steps ------------------------------------------------------------------------------
@@ -168,20 +187,93 @@ class ResilientTask(Task):  # type: ignore[misc]
             countdown,
             exc,
         )
+        if request.is_eager:  # Celery runs an eager retry at once, in apply(): nothing to publish
+            raise self.retry(exc=exc, countdown=countdown, max_retries=None)
+        try:
+            # Published here, not through Task.retry: Celery turns a failed publish there into
+            # Reject(requeue=False), and with acks_late the message would be gone.
+            self._send_again(request, countdown, retries + 1)
+        except Exception as publish_error:
+            self.resilience.retry_trouble.failed(
+                publish_error,
+                "Could not publish the retry of %s[%s]; parked until it was due",
+                self.name,
+                request.id,
+            )
+            self._park("delay_too_long", exc, request, due_in=countdown)
+        self.resilience.retry_trouble.ok()
         self.resilience.count_retry(self.breaker)
-        # Celery's retry path: same task id, retries + 1, published with apply_async(countdown).
-        raise self.retry(exc=exc, countdown=countdown, max_retries=None)
+        raise Retry(exc=exc, when=countdown)
 
     def _park(
         self, reason: Reason, exc: BaseException | None, request: Any, due_in: float = 0.0
     ) -> NoReturn:
-        park(self, reason, exc, request, due_in)
+        try:
+            resilience = self.resilience
+            options = self.signature_from_request(request).options
+            entry = parking.new_entry(
+                self.name, request, options, self.breaker, reason, exc, resilience.now(), due_in
+            )
+            parking.store(resilience, entry)
+        except Exception as trouble:  # whatever the store answered: the message must stay
+            self.resilience.park_trouble.failed(
+                trouble,
+                "Could not park %s[%s] (%s); kept in the broker",
+                self.name,
+                request.id,
+                reason,
+            )
+            self._keep(request, trouble)
+        self.resilience.park_trouble.ok()
+        self._announce_parked(entry, request)
         raise Ignore()  # the message is acked only now, after the entry is stored
 
+    def _announce_parked(self, entry: ParkedTask, request: Any) -> None:
+        """The Celery side of a park: PARKED state, ``task-parked`` event, ``task_parked``."""
+        if not request.is_eager and not self.ignore_result and self.backend is not None:
+            try:
+                self.update_state(task_id=request.id, state=PARKED, meta=parking.parked_meta(entry))
+            except Exception:  # the entry is safe; a result backend hiccup must not undo that
+                logger.exception("Could not store state PARKED for %s", request.id)
+        send_task_parked(self, entry)
+        signals.task_parked.send(sender=self, entry=entry, request=request)
 
-def _settle(permit: Permit | None, success: bool) -> None:
-    if permit is not None:
-        if success:
+    def _keep(self, request: Any, trouble: Exception) -> NoReturn:
+        """Our side failed (admission, the store): the message stays in the broker."""
+        if request.is_eager:
+            raise trouble  # no broker to wait in: the caller sees the error
+        try:
+            self._send_again(request, KEEP_COUNTDOWN, request.retries or 0)
+        except Exception as publish_error:
+            logger.error(
+                "Could not keep %s[%s] in the broker either (%s: %s): requeued",
+                self.name,
+                request.id,
+                type(publish_error).__name__,
+                publish_error,
+            )
+            time.sleep(REQUEUE_PAUSE)
+            # Requeued, or left unacked if the broker can't even take that: never dropped.
+            raise Reject(publish_error, requeue=True) from trouble
+        raise Retry(exc=trouble, when=KEEP_COUNTDOWN)
+
+    def _send_again(self, request: Any, countdown: float, retries: int) -> None:
+        """Publish this delivery again, same task id, in ``countdown`` seconds."""
+        signature = self.signature_from_request(request, countdown=countdown, retries=retries)
+        signature.options.pop("redelivered", None)  # a new message is no redelivery
+        signature.apply_async()
+
+
+def _settle(permit: Permit | None, outcome: str) -> None:
+    """Report the call's outcome; bookkeeping trouble never changes the task's fate."""
+    if permit is None:
+        return
+    try:
+        if outcome == "success":
             permit.success()
-        else:
+        elif outcome == "failure":
             permit.failure()
+        else:
+            permit.release()
+    except Exception:
+        logger.exception("Could not record the outcome of a %s call", permit.breaker.name)

@@ -202,7 +202,7 @@ def test_unreachable_redis_is_an_error() -> None:
     found = checks(make_app(f"redis://127.0.0.1:{free_port()}/0"))
     errors = [f for f in found if f.level == "error"]
     assert len(errors) == 1, found
-    assert errors[0].message.startswith("Redis at resilience_redis_url unreachable: ")
+    assert errors[0].message.startswith("Redis at resilience_redis_url (redis://127.0.0.1:")
 
 
 def test_in_memory_store_is_a_warning_not_an_unreachable_redis() -> None:
@@ -293,7 +293,7 @@ def test_check_command_exit_codes(server: RedisServer, key_prefix: str, redis_ur
     }
     # Redis unreachable: an error, exit 1.
     assert rc_down == 1
-    assert "ERROR: Redis at resilience_redis_url unreachable" in out_down
+    assert re.search(r"ERROR: Redis at resilience_redis_url \(redis://\S+\) unreachable", out_down)
 
     # An evicting Redis: an error, exit 1.
     configure(server, "allkeys-lru", appendonly=True)

@@ -497,4 +497,5 @@ def test_entry_whose_arguments_no_longer_fit_is_dead_not_a_poison(cli: Cli) -> N
     dead = cli.store.get(bad.id)
     assert dead is not None
     assert dead.status == "dead"
-    assert dead.dead_reason == "bad_arguments"
+    # The dead reason says what Celery objected to.
+    assert dead.dead_reason == "bad_arguments: charge() got an unexpected keyword argument 'coupon'"

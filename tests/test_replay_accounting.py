@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import time
+
 from typing import Any
 
 from celery import Celery
 
 from celery_resilience import Resilience, ResilientTask
-from celery_resilience.parking import REJECTED_HEADER, REPLAYS_HEADER
+from celery_resilience.headers import REJECTED_HEADER, REPLAYS_HEADER
 
 
 def make_app(**settings: Any) -> tuple[Celery, Any, list[int]]:
@@ -67,12 +69,14 @@ def test_replays_that_ran_make_an_entry_dead_past_the_limit() -> None:
     app = Celery("accounting", broker="memory://", set_as_current=False)
     app.conf.task_always_eager = True
     app.conf.resilience_max_replays = 2
+    app.conf.resilience_park_on_delay = 0.001  # due again at once: the replay limit decides
 
     @app.task(base=ResilientTask, park_on=(LookupError,), shared=False)
     def ship(order: int) -> None:
         raise LookupError("not in stock yet")
 
     ship.apply((7,), headers={REPLAYS_HEADER: 2})  # ran on both replays, parked each time
+    time.sleep(0.01)
     report = Resilience.for_app(app).drain()
 
     assert (report.replayed, report.dead) == (0, 1)

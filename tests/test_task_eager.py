@@ -30,7 +30,7 @@ from celery_resilience import BreakerOpen, Resilience, ResilientTask, StoreUnava
 from celery_resilience.backout import MemoryBackoutStore, ParkedTask, StoreFull
 from celery_resilience.breaker import MemoryBreakerStore
 from celery_resilience.config import ResilienceConfig
-from celery_resilience.parking import entry_id
+from celery_resilience.headers import entry_id
 
 BREAKERS = {
     # Roomy: a whole retry chain fails without opening it.
@@ -490,23 +490,26 @@ def test_full_store_never_drops_the_task_in_silence(
 
     with caplog.at_level(logging.ERROR, logger=PARK_LOGGER):
         result = ship.apply(task_id="refused")
+        ship.apply(task_id="refused-too")
 
-    # The store refused every park: the task was retried (at once, in eager mode) up to
-    # max_retries, then failed loudly with the store's error. Nothing was evicted.
-    assert calls[1:] == [("refused", 0), ("refused", 1), ("refused", 2)]
+    # In eager mode there is no broker to keep the task in: the call fails loudly with the
+    # store's error, at once. Nothing was evicted, and the cause is logged once, not per task.
+    assert calls[1:] == [("refused", 0), ("refused-too", 0)]
     assert result.state == states.FAILURE
     assert "back-out store is full" in str(result.result)
     assert [e.task_id for e in parked(app)] == ["fits"]
     errors = park_errors(caplog)
-    assert len(errors) == 3
-    assert all(f"Could not park {ship.name}[refused] (park_on)" in m for m in errors)
+    assert len(errors) == 1
+    assert f"Could not park {ship.name}[refused] (park_on)" in errors[0]
+    assert "StoreFull" in errors[0]
 
 
 def test_full_store_in_a_worker_keeps_an_exhausted_task_in_the_broker(
     make_app: MakeApp,
 ) -> None:
     """Outside eager mode (a worker's trace, the in-memory broker): a task on its last retry
-    whose park is refused is retried again, not failed by Celery's ``max_retries`` check."""
+    whose park is refused is published again as it was (same id, same retries, in
+    ``KEEP_COUNTDOWN`` seconds), not failed by Celery's ``max_retries`` check."""
     app = make_app(
         broker_url="memory://", task_always_eager=False, resilience_backout_max_entries=1
     )
@@ -532,8 +535,8 @@ def test_full_store_in_a_worker_keeps_an_exhausted_task_in_the_broker(
             message.ack()
         finally:
             simple.close()
-    assert (message.headers["id"], message.headers["retries"]) == (task_id, 2)
-    assert message.headers["eta"]  # kept in the broker for STORE_TROUBLE_COUNTDOWN
+    assert (message.headers["id"], message.headers["retries"]) == (task_id, 1)
+    assert message.headers["eta"]  # kept in the broker for KEEP_COUNTDOWN
     assert "override_max_retries" not in vars(charge)
     assert [e.task_id for e in parked(app)] == ["fills-the-store"]
 
@@ -616,9 +619,9 @@ def test_redis_down_called_directly_needs_no_redis(
 def test_redis_down_fail_closed_cannot_park_and_fails_loudly(
     make_down_app: Callable[[str], Celery], caplog: pytest.LogCaptureFixture
 ) -> None:
-    """fail_closed rejects the call and the store is down too: parking is refused, the task is
-    retried (in a worker: kept in the broker every 30 s until Redis is back; in eager mode at
-    once, up to max_retries) and then fails with ``StoreUnavailable``; every refusal logged."""
+    """fail_closed rejects the call and the store is down too: parking is refused. In a worker
+    the message is kept in the broker; in eager mode, with no broker, the call fails at once
+    with ``StoreUnavailable``, logged."""
     app = make_down_app("fail_closed")
     calls: list[int] = []
 
@@ -634,8 +637,8 @@ def test_redis_down_fail_closed_cannot_park_and_fails_loudly(
     assert result.state == states.FAILURE
     assert isinstance(result.result, StoreUnavailable)
     errors = park_errors(caplog)
-    assert len(errors) == 3  # the delivery and its 2 retries
-    assert all(f"Could not park {double.name}[unparkable] (breaker_open)" in m for m in errors)
+    assert len(errors) == 1
+    assert f"Could not park {double.name}[unparkable] (breaker_open)" in errors[0]
 
 
 def test_redis_down_fail_open_exhausted_task_fails_loudly(

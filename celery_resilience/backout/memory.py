@@ -6,6 +6,7 @@ It keeps encoded bytes, as Redis does, so encoding and undecodable entries behav
 from __future__ import annotations
 
 import builtins
+import math
 import threading
 import time
 from collections.abc import Callable, Collection, Sequence
@@ -19,6 +20,7 @@ from .store import (
     check_dead_reason,
     check_filters,
     check_page,
+    held,
     read_entry,
 )
 
@@ -61,8 +63,9 @@ class MemoryBackoutStore:
             if len(self._records) >= self.max_entries:
                 raise StoreFull(self.max_entries, entry.id)
             died_at = self.clock() if entry.status == "dead" else None
+            due_at = math.inf if held(entry.reason) else entry.due_at
             self._records[entry.id] = _Record(
-                data, Meta.of(entry), entry.parked_at, died_at, due_at=entry.due_at
+                data, Meta.of(entry), entry.parked_at, died_at, due_at=due_at
             )
             stat = f"parked|{Meta.of(entry).breaker}|{entry.reason}"
             self._stats[stat] = self._stats.get(stat, 0) + 1

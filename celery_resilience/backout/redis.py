@@ -26,6 +26,7 @@ from .store import (
     check_filters,
     check_page,
     count_in,
+    held,
     read_entry,
 )
 
@@ -81,7 +82,8 @@ class RedisBackoutStore(RedisClaims):
     ) -> int:
         k = self.keys
         keys = [k.entries, k.index, k.meta, k.counts, k.ready(meta.breaker), k.dead, k.stats]
-        argv = [entry_id, data, meta.encode(), meta.counter, repr(parked_at), repr(due_at), limit]
+        due = "+inf" if held(meta.reason) else repr(due_at)  # in its ready set, never due
+        argv = [entry_id, data, meta.encode(), meta.counter, repr(parked_at), due, limit]
         stat = f"parked|{meta.breaker}|{meta.reason}"
         return int(self._park(keys, [*argv, meta.status, stat]))
 

@@ -180,6 +180,34 @@ def check_page(limit: int, offset: int) -> None:
         raise ValueError(f"limit and offset must be >= 0, got {limit}, {offset}")
 
 
+#: Longest dead reason kept (the database store's column); the detail is cut to fit.
+DEAD_REASON_MAX = 200
+
+
+def dead_reason(code: str, detail: str = "") -> str:
+    """``code`` (``unpublishable``...), with ``detail`` after a colon: one line, no ``|``."""
+    if not detail:
+        return code
+    text = f"{code}: {' '.join(detail.split())}".replace("|", "/")
+    return text if len(text) <= DEAD_REASON_MAX else text[: DEAD_REASON_MAX - 3] + "..."
+
+
+def dead_code(reason: str | None) -> str:
+    """The code of a dead reason (what precedes the detail)."""
+    return (reason or "").partition(":")[0]
+
+
+#: Reasons whose entries are never due: only a replay on demand sends them. A message
+#: redelivered past ``resilience_max_deliveries`` most likely kills its worker: the drain must
+#: not feed it to the pool again.
+HELD_REASONS: tuple[Reason, ...] = ("redelivered",)
+
+
+def held(reason: str) -> bool:
+    """Whether entries parked for ``reason`` wait for a person (see :data:`HELD_REASONS`)."""
+    return reason in HELD_REASONS
+
+
 def check_dead_reason(dead_reason: str) -> None:
     if not isinstance(dead_reason, str) or not dead_reason or "|" in dead_reason:
         raise ValueError(f"dead_reason must be a non-empty str without '|', got {dead_reason!r}")

@@ -15,19 +15,22 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, TypeVar, cast
+from typing import Any, Literal, TypeVar, cast
 
 import redis
 
 from ..config import BreakerConfig
 from ..errors import BreakerOpen, StoreUnavailable
+from ..redact import get_logger
 from .model import STATES, Action, Change, Kind, Limits, Skip, State, Transition
 from .store import BreakerStore, Delivery
 
-logger = logging.getLogger("celery_resilience.breaker")
+logger = get_logger("celery_resilience.breaker")
 
 R = TypeVar("R")
 TransitionListener = Callable[[str, Transition, State], None]
+#: How a permitted call ended: judged either way, or given back unjudged.
+Outcome = Literal["success", "failure", "release"]
 
 #: Deferred successes reach Redis at least this often (seconds) under steady traffic, with an
 #: admission or as a record of their own.
@@ -94,12 +97,18 @@ class Permit:
         if self._finish():
             elapsed = time.monotonic() - self.started
             slow = self.breaker.config.slow_call_seconds
-            self.breaker._record(self, success=slow is None or elapsed <= slow)
+            self.breaker._record(self, "success" if slow is None or elapsed <= slow else "failure")
 
     def failure(self) -> None:
         """The call failed: recorded at once (it may trip the breaker)."""
         if self._finish():
-            self.breaker._record(self, success=False)
+            self.breaker._record(self, "failure")
+
+    def release(self) -> None:
+        """The call ended without judging the dependency (the caller's own error): nothing is
+        counted, and a probe's half-open slot is freed at once for the next call."""
+        if self._finish() and self.kind == "probe":
+            self.breaker._record(self, "release")
 
     def _finish(self) -> bool:
         done, self._done = self._done, True
@@ -116,10 +125,8 @@ class Permit:
             self._done = True
         elif not issubclass(exc_type, self.breaker.config.ignore):
             self.failure()
-        elif self.kind == "probe":
-            self.success()  # an ignored error still answers the probe: do not hold half-open
         else:
-            self._done = True  # ignored: counted neither as a failure nor as a success
+            self.release()  # ignored: counted neither way; a probe frees its slot
 
 
 @dataclass(frozen=True)
@@ -198,20 +205,32 @@ class Breaker:
         with self.acquire():
             return fn(*args, **kwargs)
 
-    def _record(self, permit: Permit, success: bool) -> None:
+    def _record(self, permit: Permit, outcome: Outcome) -> None:
         assert permit.kind is not None
-        if success and permit.kind == "normal" and not self._flush_due():
+        if outcome == "success" and permit.kind == "normal" and not self._flush_due():
             with self._lock:
                 self._forget_inherited()
                 self._deferred += 1
             return
         # A failure (or a due flush) carries this process's deferred successes first.
         deferred = self._take_deferred()
+        store = self._store()
         try:
-            change = self._store().record(
-                self.name, self.limits, permit.kind, permit.permit_id, success, deferred
-            )
+            if outcome == "release":
+                change = store.release(
+                    self.name, self.limits, permit.kind, permit.permit_id, deferred
+                )
+            else:
+                change = store.record(
+                    self.name,
+                    self.limits,
+                    permit.kind,
+                    permit.permit_id,
+                    outcome == "success",
+                    deferred,
+                )
         except redis.RedisError as exc:
+            self._return_deferred(deferred)  # they still happened: the next record carries them
             self._health.failed(self.name, exc)
             return
         self._health.ok()

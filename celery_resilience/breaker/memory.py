@@ -85,6 +85,20 @@ class MemoryBreakerStore:
             now = self._now(now_us)
             return model.record(state, limits, now, kind, permit_id, success, deferred_successes)
 
+    def release(
+        self,
+        name: str,
+        limits: Limits,
+        kind: Kind,
+        permit_id: str,
+        deferred_successes: int = 0,
+        now_us: int | None = None,
+    ) -> Change:
+        with self._lock:
+            state = self._state(name)
+            now = self._now(now_us)
+            return model.release(state, limits, now, kind, permit_id, deferred_successes)
+
     def force(self, name: str, limits: Limits, action: Action, now_us: int | None = None) -> Change:
         with self._lock:
             return model.force(self._state(name), action)

@@ -270,6 +270,22 @@ def record(
     return Change(s.state, None)
 
 
+def release(
+    s: BreakerState,
+    lim: Limits,
+    now: int,
+    kind: Kind,
+    permit_id: str,
+    deferred_successes: int = 0,
+) -> Change:
+    """Give a permit back unjudged (the call ended in the caller's own error): nothing is counted,
+    and a probe's slot is freed at once instead of when its lease runs out."""
+    apply_deferred(s, lim, now, deferred_successes)
+    if kind == "probe" and s.state == "half_open":
+        s.probes.pop(permit_id, None)
+    return Change(s.state, None)
+
+
 def _should_trip(s: BreakerState, lim: Limits, now: int) -> bool:
     if s.consecutive_failures >= lim.failure_threshold:
         return True

@@ -46,6 +46,7 @@ class RedisBreakerStore:
         self.prefix = prefix
         self._acquire = client.register_script(_load_script("acquire"))
         self._record = client.register_script(_load_script("record"))
+        self._release = client.register_script(_load_script("release"))
         self._force = client.register_script(_load_script("force"))
         self._snapshot = client.register_script(_load_script("snapshot"))
         self._known: set[str] = set()
@@ -137,6 +138,19 @@ class RedisBreakerStore:
         outcome = "1" if success else "0"
         argv = [_now(now_us), *limits.argv(), kind, permit_id, outcome, deferred_successes]
         state, transition = self._record(self.keys(name), argv)
+        return Change(cast(State, state.decode()), _transition(transition))
+
+    def release(
+        self,
+        name: str,
+        limits: Limits,
+        kind: Kind,
+        permit_id: str,
+        deferred_successes: int = 0,
+        now_us: int | None = None,
+    ) -> Change:
+        argv = [_now(now_us), *limits.argv(), kind, permit_id, deferred_successes]
+        state, transition = self._release(self.keys(name), argv)
         return Change(cast(State, state.decode()), _transition(transition))
 
     def force(self, name: str, limits: Limits, action: Action, now_us: int | None = None) -> Change:

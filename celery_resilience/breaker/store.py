@@ -1,4 +1,4 @@
-"""The narrow protocol every breaker backend implements: four coarse atomic operations."""
+"""The narrow protocol every breaker backend implements: a few coarse atomic operations."""
 
 from __future__ import annotations
 
@@ -56,6 +56,18 @@ class BreakerStore(Protocol):
         deferred_successes: int = 0,
         now_us: int | None = None,
     ) -> Change: ...
+
+    def release(
+        self,
+        name: str,
+        limits: Limits,
+        kind: Kind,
+        permit_id: str,
+        deferred_successes: int = 0,
+        now_us: int | None = None,
+    ) -> Change:
+        """Give a permit back without an outcome (a probe's slot is freed)."""
+        ...
 
     def force(
         self, name: str, limits: Limits, action: Action, now_us: int | None = None

@@ -10,6 +10,7 @@ from celery.bin.base import CeleryCommand
 
 from ..backout.entry import ParkedTask
 from ..errors import ResilienceError
+from ..redact import redact
 from ..resilience import Resilience
 from .group import resilience
 from .output import (
@@ -141,7 +142,7 @@ def replay(
         ),
     )
     for f in failed:
-        click.echo(f"Error: could not replay {f['id']}: {f['error']}", err=True)
+        click.echo(redact(f"Error: could not replay {f['id']}: {f['error']}"), err=True)
     if failed:
         sys.exit(1)
 

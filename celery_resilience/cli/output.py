@@ -13,6 +13,7 @@ import click
 from ..backout.entry import REASONS, STATUSES, ParkedTask
 from ..backout.store import NO_BREAKER
 from ..errors import ConfigurationError
+from ..redact import redact
 from ..resilience import Resilience
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -36,7 +37,7 @@ def resilience_of(ctx: click.Context) -> Resilience:
 
 
 def fail(message: str) -> None:
-    click.echo(f"Error: {message}", err=True)
+    click.echo(redact(f"Error: {message}"), err=True)
     sys.exit(1)
 
 
@@ -55,7 +56,8 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
 
 
 def emit(as_json: bool, data: Any, human: Callable[[], str]) -> None:
-    click.echo(json.dumps(data, indent=2, default=str) if as_json else human())
+    """Print ``data`` as JSON, or ``human()``; credentials in either are masked."""
+    click.echo(redact(json.dumps(data, indent=2, default=str) if as_json else human()))
 
 
 def entry_dict(entry: ParkedTask) -> dict[str, Any]:

@@ -11,7 +11,7 @@
 -- ARGV[3] meta text
 -- ARGV[4] counts field ("status|breaker")
 -- ARGV[5] parked_at (epoch seconds)
--- ARGV[6] due_at (epoch seconds)
+-- ARGV[6] due_at (epoch seconds; "+inf": never due, only a replay on demand sends it)
 -- ARGV[7] max_entries
 -- ARGV[8] status: "parked" (into KEYS[5]) or "dead" (into KEYS[6])
 -- ARGV[9] stats field to count this park under

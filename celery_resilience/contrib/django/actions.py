@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable
 from typing import Any, Protocol
 
@@ -10,8 +9,9 @@ from django.contrib import messages
 from django.utils.text import Truncator
 
 from ...backout.api import Backout
+from ...redact import get_logger
 
-logger = logging.getLogger("celery_resilience.admin")
+logger = get_logger("celery_resilience.admin")
 #: Failures listed one by one in the error message; the rest are counted.
 _SHOWN = 10
 

@@ -35,6 +35,7 @@ from ...backout.entry import (
     store_accept,
 )
 from ...backout.store import (
+    HELD_REASONS,
     Meta,
     StoreFull,
     breaker_key,
@@ -232,7 +233,8 @@ class DjangoBackoutStore:
             return int(self._due(breaker, time.time() if now is None else now).count())
 
     def _due(self, breaker: str, now: float) -> Any:
-        return self._rows().filter(breaker=breaker, status="parked", due_at__lte=now)
+        due = self._rows().filter(breaker=breaker, status="parked", due_at__lte=now)
+        return due.exclude(reason__in=HELD_REASONS)
 
     # -- reads ----------------------------------------------------------------------------
 

@@ -1,0 +1,66 @@
+"""What a message carries for the package: replay headers, entry ids, publish options.
+
+A leaf: parking writes these, the drain and the worker read them, and neither imports the other.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+#: Message header carrying how often a parked task was replayed.
+REPLAYS_HEADER = "resilience_replays"
+#: Header counting replays the breaker rejected before the body ran (a half-open breaker
+#: whose probe slot another call took): they must not use up ``resilience_max_replays``.
+REJECTED_HEADER = "resilience_rejected"
+#: Execution options that are entry fields of their own, or meaningless in a new message.
+NOT_OPTIONS = frozenset(
+    {"task_id", "retries", "reply_to", "origin", "delivery_tag", "redelivered", "is_eager"}
+)
+_ENTRY_NAMESPACE = uuid.UUID("5b1c6c1e-6a0f-4d55-9d0b-2f1f0c1e7a11")
+
+
+def _count(value: Any) -> int:
+    try:
+        return max(0, int(value))
+    except (TypeError, ValueError):
+        return 0
+
+
+def request_header(request: Any, name: str) -> int:
+    """A count header of a task request (an attribute, or in ``request.headers``)."""
+    value = getattr(request, name, None)
+    if value is None:
+        value = (getattr(request, "headers", None) or {}).get(name, 0)
+    return _count(value)
+
+
+def replays_of(request: Any) -> int:
+    """How often this task was published again from the back-out store."""
+    return request_header(request, REPLAYS_HEADER)
+
+
+def rejected_replays(headers: Mapping[str, Any] | None) -> int:
+    """Replays that the breaker turned away unrun (they do not count against max_replays)."""
+    return _count((headers or {}).get(REJECTED_HEADER, 0))
+
+
+def entry_id(task_id: str, replays: int, retries: int) -> str:
+    """The back-out entry id of one delivery: a redelivered message parks onto the same entry."""
+    return uuid.uuid5(_ENTRY_NAMESPACE, f"{task_id}/{replays}/{retries}").hex
+
+
+def publish_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """Execution options worth keeping to publish a message again (queue, priority, links...)."""
+    headers = dict(options.get("headers") or {})
+    headers.pop(REPLAYS_HEADER, None)
+    kept = {**options, "headers": headers}
+    return {k: v for k, v in kept.items() if k not in NOT_OPTIONS and v not in (None, {}, [])}
+
+
+def replay_headers(options: Mapping[str, Any], replays: int) -> dict[str, Any]:
+    """The headers of a replay: the entry's own, with the replay counted."""
+    headers = dict(options.get("headers") or {})
+    headers[REPLAYS_HEADER] = replays + 1
+    return headers
