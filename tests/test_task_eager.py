@@ -439,8 +439,11 @@ def test_message_redelivered_past_max_deliveries_is_parked_unrun(
         calls.append(n)
         return n
 
-    # The same message (task id, retries 0) delivered three times.
-    results = [render.apply((9,), task_id="looping") for _ in range(3)]
+    # The same message (task id, retries 0) delivered, then redelivered twice (as the broker
+    # flags it); a first delivery is never counted.
+    first = render.apply((9,), task_id="looping")
+    again = [render.apply((9,), task_id="looping", headers={"redelivered": True}) for _ in "ab"]
+    results = [first, *again]
 
     assert [r.state for r in results] == [states.SUCCESS, states.SUCCESS, states.IGNORED]
     assert calls == [9, 9]
@@ -509,7 +512,7 @@ def test_full_store_in_a_worker_keeps_an_exhausted_task_in_the_broker(
 ) -> None:
     """Outside eager mode (a worker's trace, the in-memory broker): a task on its last retry
     whose park is refused is published again as it was (same id, same retries, in
-    ``KEEP_COUNTDOWN`` seconds), not failed by Celery's ``max_retries`` check."""
+    ``resilience_keep_delay`` seconds), not failed by Celery's ``max_retries`` check."""
     app = make_app(
         broker_url="memory://", task_always_eager=False, resilience_backout_max_entries=1
     )
@@ -536,7 +539,7 @@ def test_full_store_in_a_worker_keeps_an_exhausted_task_in_the_broker(
         finally:
             simple.close()
     assert (message.headers["id"], message.headers["retries"]) == (task_id, 1)
-    assert message.headers["eta"]  # kept in the broker for KEEP_COUNTDOWN
+    assert message.headers["eta"]  # kept in the broker for resilience_keep_delay
     assert "override_max_retries" not in vars(charge)
     assert [e.task_id for e in parked(app)] == ["fills-the-store"]
 

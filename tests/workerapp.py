@@ -5,7 +5,9 @@ own: a key prefix (breaker, back-out store, the fake dependency, result keys and
 broker, the broker's own keys through kombu's ``global_keyprefix``) and a queue nobody else
 consumes. The test process builds the same app with :func:`make_app` from the same mapping.
 
-The "dependency" is a few Redis keys under the prefix: ``<P>:dep:up`` ("1" up, anything else
+``WORKERAPP_LEDGER`` puts the dependency, the ledger and the results on a Redis of their own
+(the fault matrix breaks the resilience Redis and the broker, never the ledger). The "dependency"
+is a few Redis keys under the prefix: ``<P>:dep:up`` ("1" up, anything else
 down), ``<P>:dep:latency`` (seconds each call takes), ``<P>:dep:calls`` (INCR per call) and
 ``<P>:dep:log`` (one JSON record per call: task id, retries, Redis ``TIME``, pid).
 """
@@ -36,9 +38,15 @@ def settings(env: Mapping[str, str]) -> dict[str, Any]:
     prefix = env.get("WORKERAPP_PREFIX", "workerapp")
     jitter = env.get("WORKERAPP_JITTER", "full")
     max_countdown = env.get("WORKERAPP_MAX_COUNTDOWN")
+    redis_url = env.get("WORKERAPP_REDIS", DEFAULT_REDIS)
     return {
         "broker": env.get("WORKERAPP_BROKER", DEFAULT_REDIS),
-        "redis": env.get("WORKERAPP_REDIS", DEFAULT_REDIS),
+        "redis": redis_url,
+        "ledger": env.get("WORKERAPP_LEDGER", redis_url),
+        "redis_timeout": float(env.get("WORKERAPP_REDIS_TIMEOUT", "0.5")),
+        "keep_delay": float(env.get("WORKERAPP_KEEP_DELAY", "30")),
+        "on_redis_error": env.get("WORKERAPP_ON_REDIS_ERROR", "fail_open"),
+        "deduplicate": env.get("WORKERAPP_DEDUPLICATE", "") == "1",
         "prefix": prefix,
         "queue": env.get("WORKERAPP_QUEUE", f"{prefix}-queue"),
         "failure_threshold": int(env.get("WORKERAPP_FAILURE_THRESHOLD", "3")),
@@ -50,6 +58,10 @@ def settings(env: Mapping[str, str]) -> dict[str, Any]:
         "jitter": None if jitter == "none" else jitter,
         "visibility_timeout": float(env.get("WORKERAPP_VISIBILITY_TIMEOUT", "3600")),
         "prefetch_multiplier": int(env.get("WORKERAPP_PREFETCH_MULTIPLIER", "4")),
+        # Seconds between the Redis broker's sweeps that bring back messages a dead worker held.
+        "restore_interval": env.get("WORKERAPP_RESTORE_INTERVAL"),
+        # The back-out store writes msgpack, which can't hold what JSON messages can (datetime).
+        "store_msgpack": env.get("WORKERAPP_STORE_MSGPACK", "") == "1",
     }
 
 
@@ -70,6 +82,9 @@ def make_app(env: Mapping[str, str]) -> Celery:
     transport_options: dict[str, Any] = {"visibility_timeout": s["visibility_timeout"]}
     if is_redis_url(s["broker"]):
         transport_options["global_keyprefix"] = broker_keyprefix(prefix)
+        if s["restore_interval"] is not None:
+            transport_options["unacked_restore_interval"] = float(s["restore_interval"])
+            transport_options["unacked_restore_throttle"] = 1
     else:
         # The worker notices a SIGTERM only when its event loop wakes: with no timer due, it
         # sleeps up to 10 s. An AMQP heartbeat of 2 s adds a 1 s tick (Redis has its own).
@@ -78,7 +93,7 @@ def make_app(env: Mapping[str, str]) -> Celery:
         broker_url=s["broker"],
         broker_connection_retry_on_startup=True,
         broker_transport_options=transport_options,
-        result_backend=s["redis"],
+        result_backend=s["ledger"],
         result_backend_transport_options={"global_keyprefix": f"{prefix}:"},
         task_default_queue=s["queue"],
         task_acks_late=True,
@@ -88,10 +103,16 @@ def make_app(env: Mapping[str, str]) -> Celery:
         worker_enable_remote_control=False,
         resilience_redis_url=s["redis"],
         resilience_key_prefix=prefix,
+        resilience_redis_timeout=s["redis_timeout"],
+        resilience_keep_delay=s["keep_delay"],
+        resilience_on_redis_error=s["on_redis_error"],
         resilience_breakers={
             "dep": {"failure_threshold": s["failure_threshold"], "open_timeout": s["open_timeout"]}
         },
     )
+    if s["store_msgpack"]:
+        app.conf.accept_content = ["json", "msgpack"]
+        app.conf.resilience_serializer = "msgpack"
     if s["max_countdown"] is not None:
         app.conf.resilience_max_countdown = s["max_countdown"]
     define_tasks(app, s)
@@ -133,8 +154,9 @@ def call_dependency(r: redis.Redis, prefix: str, task: Any, order_id: str) -> No
 
 
 def define_tasks(app: Celery, s: Mapping[str, Any]) -> None:
-    prefix, url = s["prefix"], s["redis"]
+    prefix, url = s["prefix"], s["ledger"]
     succeeded = f"{prefix}:ledger:succeeded"
+    runs = f"{prefix}:ledger:runs"  # task id -> bodies that succeeded (> 1: a duplicate)
     resilient = {
         "base": ResilientTask,
         "bind": True,
@@ -149,12 +171,16 @@ def define_tasks(app: Celery, s: Mapping[str, Any]) -> None:
         retry_on=(ConnectionError,),
         max_retries=s["max_retries"],
         backoff=Exponential(base=s["backoff_base"], cap=s["backoff_cap"], jitter=s["jitter"]),
+        deduplicate=s["deduplicate"],
         **resilient,
     )
     def charge(self: Any, order_id: str, amount: int = 1) -> dict[str, Any]:
         r = client(url)
         call_dependency(r, prefix, self, order_id)
-        r.sadd(succeeded, self.request.id)
+        with r.pipeline() as pipe:
+            pipe.sadd(succeeded, self.request.id)
+            pipe.hincrby(runs, self.request.id, 1)
+            pipe.execute()
         return {"order_id": order_id, "amount": amount}
 
     @app.task(name="workerapp.crash", breaker="dep", retry_on=(ConnectionError,), **resilient)

@@ -58,7 +58,8 @@ class MemoryBreakerStore:
         deliveries = 0
         if delivery.count:
             key = (scope, delivery.task_id, delivery.retries, delivery.replays)
-            deliveries = self._deliveries[key] = self._deliveries.get(key, 0) + 1
+            redeliveries = self._deliveries[key] = self._deliveries.get(key, 0) + 1
+            deliveries = redeliveries + 1  # the first delivery is never counted
         expiry = self._done.get((scope, delivery.task_id), 0)
         return deliveries, delivery.skip(deliveries, delivery.check_done and expiry > now)
 

@@ -8,7 +8,7 @@ key                                            type  holds
 ``{<prefix>:breaker:<name>}:state``            hash  state, counters, window buckets, totals
 ``{<prefix>:breaker:<name>}:probes``           zset  half-open probe permit id -> lease end
 ``<prefix>:breakers``                          set   names of breakers ever used (listings)
-``{<tag>}:delivery:<id>:<retries>:<replays>``  str   deliveries of one message (redelivery)
+``{<tag>}:delivery:<id>:<retries>:<replays>``  str   redeliveries of one message (only then)
 ``{<tag>}:done:<task id>``                     str   the task id succeeded (``deduplicate``)
 =============================================  ====  =========================================
 
@@ -119,7 +119,7 @@ class RedisBreakerStore:
             if delivery.check_done:
                 pipe.exists(marker)
             replies = pipe.execute()
-        deliveries = int(replies[0]) if delivery.count else 0
+        deliveries = int(replies[0]) + 1 if delivery.count else 0
         return deliveries, delivery.skip(deliveries, bool(delivery.check_done and replies[-1]))
 
     def mark_done(self, scope: str | None, task_id: str, ttl: int) -> None:

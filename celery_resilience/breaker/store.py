@@ -12,9 +12,10 @@ from .model import Action, Change, Decision, Kind, Limits, Skip
 class Delivery:
     """Task-level questions asked in the same round trip as the breaker's permit.
 
-    ``count``: count this delivery of (task id, retries, replays), to spot a message redelivered in
-    a loop (past ``max_deliveries``, 0 = no limit); ``check_done``: has this task id already
-    succeeded (``deduplicate=True``)?
+    ``count``: this delivery of (task id, retries, replays) is a redelivery (the broker flagged
+    it): count it, to spot a message redelivered in a loop (past ``max_deliveries``, 0 = no
+    limit). A first delivery is never counted, so deliveries = redeliveries counted + 1.
+    ``check_done``: has this task id already succeeded (``deduplicate=True``)?
     """
 
     task_id: str

@@ -4,7 +4,8 @@
 -- ARGV[11] deferred successes: normal successes of this process, recorded before deciding
 -- ARGV[12] TTL (seconds) of the delivery counter, when KEYS[3] is given
 -- ARGV[13] deliveries allowed per message (0 = no limit): past it, no permit is taken
--- KEYS[3] optional: delivery counter of this message, {..}:delivery:<task id>:<retries>
+-- KEYS[3] optional: redelivery counter of this message, {..}:delivery:<task id>:<retries>:<replays>
+--         (given only for a redelivery: deliveries = its count + 1, the first never counted)
 -- KEYS[4] optional: success marker of this task id, {..}:done:<task id> (deduplicate=True)
 -- Returns {allowed 0|1, kind "normal"|"probe"|"", state, retry_after_us (-1 = unknown),
 --          transition this call made or "", deliveries of this message (0 = not counted),
@@ -16,7 +17,7 @@ apply_deferred(tonumber(ARGV[11]))
 
 local deliveries, max_deliveries = 0, tonumber(ARGV[13])
 if KEYS[3] then
-  deliveries = redis.call('INCR', KEYS[3])
+  deliveries = redis.call('INCR', KEYS[3]) + 1
   redis.call('EXPIRE', KEYS[3], ARGV[12])
 end
 if KEYS[4] and redis.call('EXISTS', KEYS[4]) == 1 then

@@ -1,0 +1,240 @@
+"""The fault matrix, worker side: each step of a delivery under each fault, with one real
+prefork worker for the whole module (``tests/matrix.py`` describes the world and the ledger).
+
+Steps: admission, the body, publishing a retry, writing the park entry, the ack. Faults: the
+resilience Redis hung (a blackholing proxy) or answering NOPERM (an ACL), OOM (maxmemory) or
+READONLY (REPLICAOF); the broker refusing a publish (an ACL without LPUSH); an entry that can't
+be encoded; a reply lost after the script ran; ``kill -9`` of the pool child, or of the whole
+worker, held at that very step by the proxy. Every fault is real; nothing is patched.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from datetime import datetime
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from .faults import acl_denied, out_of_memory, read_only, script_sha
+from .matrix import TABLE, USER, MatrixWorld, wait_for
+
+pytestmark = pytest.mark.slow
+
+ACQUIRE = script_sha("breaker/lua/acquire.lua")
+PARK = script_sha("backout/lua/park.lua")
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[MatrixWorld]:
+    tmp: Path = tmp_path_factory.mktemp("matrix-worker")
+    world = MatrixWorld(tmp, redis_url, store_msgpack=1, restore_interval=1, visibility_timeout=5)
+    world.start_worker("prefork", 1)
+    yield world
+    world.close()
+    for row in TABLE:
+        print(row)
+
+
+@pytest.fixture(autouse=True)
+def clean(world: MatrixWorld) -> Iterator[None]:
+    """Every cell starts healed, with the dependency up and a fresh closed breaker."""
+    world.heal()
+    world.dependency(up=True)
+    world.resilience.breaker("dep").reset()
+    yield
+    world.heal()
+
+
+def parked(world: MatrixWorld, ids: list[str]) -> dict[str, int]:
+    """Wait until every id is parked (and its message gone); where they are then."""
+
+    def done() -> dict[str, int] | None:
+        snap = world.snapshot(ids)
+        return snap if snap["parked"] == len(ids) and not snap["in_broker"] else None
+
+    result: dict[str, int] = wait_for(done, "every id parked")
+    return result
+
+
+def child(world: MatrixWorld) -> int:
+    return int(wait_for(world.worker.children, "a pool child")[0])
+
+
+# -- admission ------------------------------------------------------------------------------
+
+
+def test_admission_with_redis_hung_runs_the_task_fail_open(world: MatrixWorld) -> None:
+    world.store_proxy.blackhole()
+    ids = world.publish(3, "adm-hung")
+    crash = world.publish(1, "adm-hung-crash", task="crash")
+    wait_for(lambda: len(world.runs().keys() & set(ids)) == 3, "the tasks to run")
+    wait_for(lambda: world.failed(crash), "the crash to fail in its own code")
+    during = world.snapshot(ids + crash)
+    world.heal()
+    world.settle("admission × Redis hung", ids + crash, during).check(failed=1)
+
+
+@pytest.mark.parametrize("fault", ["NOPERM", "OOM", "READONLY"])
+def test_admission_with_redis_answering_errors_runs_the_task_fail_open(
+    world: MatrixWorld, fault: str
+) -> None:
+    with _redis_error(world, fault):
+        ids = world.publish(3, f"adm-{fault}")
+        wait_for(lambda: len(world.runs().keys() & set(ids)) == 3, "the tasks to run")
+        during = world.snapshot(ids)
+    world.settle(f"admission × {fault}", ids, during).check()
+
+
+def test_admission_with_the_child_killed_there_redelivers(world: MatrixWorld) -> None:
+    world.resilience.breaker("dep").force_open()  # admission then asks Redis (acquire.lua)
+    held = world.store_proxy.hold_on(ACQUIRE)
+    ids = world.publish(1, "adm-kill")
+    wait_for(held.is_set, "the child held in admission")
+    world.worker.kill_child(child(world))
+    world.store_proxy.release()
+    during = parked(world, ids)  # redelivered, admitted again, parked as breaker_open
+    world.settle("admission × kill -9 child", ids, during).check()
+
+
+# -- the body ---------------------------------------------------------------------------------
+
+
+def test_body_with_the_child_killed_runs_again(world: MatrixWorld) -> None:
+    world.ledger.set(f"{world.prefix}:dep:latency", "3")
+    calls = f"{world.prefix}:dep:calls"
+    before = int(world.ledger.get(calls) or 0)
+    ids = world.publish(1, "body-kill")
+    wait_for(lambda: int(world.ledger.get(calls) or 0) > before, "the body to start")
+    world.worker.kill_child(child(world))
+    world.ledger.set(f"{world.prefix}:dep:latency", "0")
+    wait_for(lambda: world.runs().get(ids[0]), "the task to run again and succeed")
+    world.settle("body × kill -9 child", ids).check()
+
+
+# -- publishing a retry ---------------------------------------------------------------------
+
+
+def test_a_retry_the_broker_refuses_is_parked(world: MatrixWorld) -> None:
+    world.dependency(up=False)
+    with acl_denied(world.broker_admin, USER, ["-lpush"]):
+        ids = world.publish(3, "retry-refused")
+        during = parked(world, ids)
+    reasons = {e.reason for t, e in world.entries().items() if t in ids}
+    assert reasons == {"delay_too_long"}  # held in the store until the retry would have run
+    world.settle("retry publish × broker refuses", ids, during).check()
+
+
+# -- writing the park entry -------------------------------------------------------------------
+
+
+def test_a_park_refused_with_noperm_keeps_the_message_in_the_broker(world: MatrixWorld) -> None:
+    world.resilience.breaker("dep").force_open()
+    rules = ["resetkeys", f"~{{{world.prefix}:breaker:*", f"~{world.prefix}:breakers"]
+    with acl_denied(world.store_admin, USER, rules):
+        ids = world.publish(3, "park-noperm")
+        time.sleep(1.5)  # a few rounds of "park refused, kept in the broker, back again"
+        during = world.snapshot(ids)
+        assert during["parked"] == 0
+        assert during["in_broker"] == 3
+    world.settle("park × NOPERM", ids, during).check()
+
+
+@pytest.mark.parametrize("fault", ["OOM", "READONLY", "hung"])
+def test_an_exhausted_task_whose_park_fails_stays_in_the_broker(
+    world: MatrixWorld, fault: str
+) -> None:
+    world.dependency(up=False)
+    with _redis_error(world, fault):
+        ids = world.publish(2, f"park-{fault}")
+        time.sleep(2.0 if fault == "hung" else 1.0)
+        during = world.snapshot(ids)
+        assert during["parked"] == 0
+        assert during["in_broker"] == 2
+    world.settle(f"park × {fault}", ids, during).check()
+
+
+def test_an_entry_that_cannot_be_encoded_keeps_the_message(world: MatrixWorld) -> None:
+    # The store writes msgpack, which can't hold the datetime these JSON messages carry.
+    world.resilience.breaker("dep").force_open()
+    ids = []
+    for i in range(2):
+        task_id = f"park-encode-{i}-{time.monotonic_ns()}"
+        order = datetime(2026, 1, 1, 12, i)
+        world.app.tasks["workerapp.charge"].apply_async((order,), task_id=task_id)
+        ids.append(task_id)
+    time.sleep(1.5)
+    during = world.snapshot(ids)
+    assert during["parked"] == 0
+    assert during["in_broker"] == 2
+    world.settle("park × entry can't be encoded", ids, during).check()
+
+
+def test_a_child_killed_while_parking_parks_once(world: MatrixWorld) -> None:
+    world.resilience.breaker("dep").force_open()
+    held = world.store_proxy.hold_on(PARK)
+    ids = world.publish(1, "park-kill")
+    wait_for(held.is_set, "the child held in its park")
+    world.worker.kill_child(child(world))
+    world.store_proxy.release()
+    during = parked(world, ids)
+    world.settle("park × kill -9 child", ids, during).check()
+
+
+def test_a_park_whose_reply_is_lost_parks_once(world: MatrixWorld) -> None:
+    world.resilience.breaker("dep").force_open()
+    cut = world.store_proxy.cut_reply_on(PARK)
+    ids = world.publish(2, "park-cut")
+    wait_for(cut.is_set, "a park whose reply was cut")
+    during = parked(world, ids)
+    assert len(world.resilience.backout.list(limit=1000)) >= 2
+    world.settle("park × reply lost", ids, during).check()
+
+
+# -- the ack ------------------------------------------------------------------------------------
+
+
+def test_a_worker_killed_between_park_and_ack_parks_once(world: MatrixWorld) -> None:
+    """The last cell: it kills the worker and starts another."""
+    world.resilience.breaker("dep").force_open()
+    ids = world.publish(1, "ack-kill")
+    # The park is stored; the ack (HDEL of the message from kombu's ``unacked``) is held.
+    held = world.broker_proxy.hold_on(b"HDEL")
+    wait_for(lambda: ids[0] in world.entries(), "the park")
+    wait_for(held.is_set, "the worker's ack held")
+    old = world.worker
+    pids = [old.pid, *old.children()]
+    for pid in pids:  # kill -9 of the worker's main process and its pool child
+        os.kill(pid, signal.SIGKILL)
+    world.broker_proxy.release()
+    world.start_worker("prefork", 1)
+    # The message was never acked: restored after the visibility timeout, it parks onto the
+    # same entry (its id comes from task id, replays and retries).
+    wait_for(lambda: not world.in_broker(ids), "the redelivered message to be handled", 30.0)
+    during = world.snapshot(ids)
+    assert during["parked"] == 1
+    world.settle("ack × kill -9 worker", ids, during).check()
+
+
+def _redis_error(world: MatrixWorld, fault: str):  # type: ignore[no-untyped-def]
+    if fault == "NOPERM":
+        return acl_denied(world.store_admin, USER, ["-evalsha", "-eval"])
+    if fault == "OOM":
+        return out_of_memory(world.store_admin)
+    if fault == "READONLY":
+        return read_only(world.store_admin)
+    return _hung(world)
+
+
+class _hung:
+    def __init__(self, world: MatrixWorld) -> None:
+        self.world = world
+
+    def __enter__(self) -> None:
+        self.world.store_proxy.blackhole()
+
+    def __exit__(self, *exc: object) -> None:
+        self.world.store_proxy.release()
