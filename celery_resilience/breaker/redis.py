@@ -94,9 +94,10 @@ class RedisBreakerStore:
         ttl = max_deliveries = 0
         if delivery is not None:
             counter, marker = self._delivery_keys(name, delivery)
-            # KEYS[3] must be there for KEYS[4]: a counter nobody reads is harmless.
+            # KEYS[3] must be there for KEYS[4]; a TTL of 0 says it is not to be counted.
             keys += [counter, marker] if delivery.check_done else [counter] * delivery.count
-            ttl, max_deliveries = delivery.ttl, delivery.max_deliveries
+            ttl = delivery.ttl if delivery.count else 0
+            max_deliveries = delivery.max_deliveries
         argv = [_now(now_us), *limits.argv(), permit_id, deferred_successes, ttl, max_deliveries]
         reply = self._acquire(keys, argv)
         allowed, kind, state, retry_after, transition, deliveries, skip = reply

@@ -2,7 +2,8 @@
 -- KEYS[1], KEYS[2], ARGV[1..9]: see _common.lua
 -- ARGV[10] permit id (used when a half-open probe is granted)
 -- ARGV[11] deferred successes: normal successes of this process, recorded before deciding
--- ARGV[12] TTL (seconds) of the delivery counter, when KEYS[3] is given
+-- ARGV[12] TTL (seconds) of the redelivery counter; 0: KEYS[3] is there only for KEYS[4]
+--          (a first delivery, or a task without acks_late): nothing is counted
 -- ARGV[13] deliveries allowed per message (0 = no limit): past it, no permit is taken
 -- KEYS[3] optional: redelivery counter of this message, {..}:delivery:<task id>:<retries>:<replays>
 --         (given only for a redelivery: deliveries = its count + 1, the first never counted)
@@ -16,7 +17,7 @@ local permit_id = ARGV[10]
 apply_deferred(tonumber(ARGV[11]))
 
 local deliveries, max_deliveries = 0, tonumber(ARGV[13])
-if KEYS[3] then
+if KEYS[3] and ARGV[12] ~= '0' then
   deliveries = redis.call('INCR', KEYS[3]) + 1
   redis.call('EXPIRE', KEYS[3], ARGV[12])
 end
