@@ -26,7 +26,7 @@ from .backout.store import NO_BREAKER, BackoutStore, dead_reason, held
 from .errors import StoreUnavailable
 from .events import replay_dispatcher
 from .headers import rejected_replays
-from .publishing import Refusal, broker_errors, preflight, publish
+from .publishing import BrokerErrors, PublishFailure, Refusal, preflight, publish
 from .redact import get_logger
 
 if TYPE_CHECKING:
@@ -231,10 +231,10 @@ class Drainer:
 
         Returns (published, dead, whether the broker looked down)."""
         now = self.resilience.now()
-        outage, refusals = broker_errors(self.resilience.app)
+        errors = BrokerErrors(self.resilience.app)
         published: list[ParkedTask] = []
         dead: list[tuple[ParkedTask, str]] = []
-        suspects: list[tuple[ParkedTask, BaseException]] = []
+        suspects: list[tuple[ParkedTask, PublishFailure]] = []
         give_back: list[ParkedTask] = []
         down = False
         with (
@@ -249,32 +249,29 @@ class Drainer:
                 if refusal is not None:
                     dead.append((entry, refusal.dead_reason))
                     continue
-                error = self._publish(entry, producer, outage)
-                if error is None:
+                failure = self._publish(entry, producer, errors)
+                if failure is None:
                     published.append(entry)
                     events.replayed(entry)  # after the publish: the entry is on its way now
                     continue
-                if isinstance(error, outage) or (
-                    not published
-                    and len(suspects) + 1 >= SUSPECTS_BEFORE_OUTAGE
-                    and all(isinstance(e, refusals) for _, e in [*suspects, (entry, error)])
+                suspects.append((entry, failure))
+                refused_all = not published and all(f.kind == "refused" for _, f in suspects)
+                if failure.kind == "outage" or (
+                    refused_all and len(suspects) >= SUSPECTS_BEFORE_OUTAGE
                 ):
-                    # The broker is down (or refuses everything): stop, give the rest back.
+                    # The broker is down, or refuses everything: stop, give the rest back.
                     logger.error(
-                        "Publishing %s[%s] failed: %r", entry.task_name, entry.task_id, error
+                        "Publishing %s[%s] failed: %s", entry.task_name, entry.task_id, failure
                     )
                     report.errors += 1
                     down = True
-                    give_back += [e for e, _ in suspects] + claimed[index:]
+                    give_back += [e for e, _ in suspects] + claimed[index + 1 :]
                     suspects = []
                     break
-                suspects.append((entry, error))
-        for entry, error in suspects:
-            if published or not isinstance(error, refusals):
-                dead.append(
-                    (entry, dead_reason("unpublishable", f"{type(error).__name__}: {error}"))
-                )
-            else:  # alone and refused: can't tell the entry from the broker; try again later
+        for entry, failure in suspects:
+            if published or failure.kind == "entry":
+                dead.append((entry, dead_reason("unpublishable", str(failure))))
+            else:  # refused, alone: the entry can't be told from the broker; again later
                 give_back.append(entry)
         self.store.ack([e.id for e in published])
         for entry, reason in dead:
@@ -287,20 +284,20 @@ class Drainer:
         return len(published), len(dead), down
 
     def _publish(
-        self, entry: ParkedTask, producer: Any, outage: tuple[type[BaseException], ...]
-    ) -> BaseException | None:
-        """Publish ``entry`` (a few tries for an error that is not an outage); the last error."""
-        error: BaseException | None = None
+        self, entry: ParkedTask, producer: Any, errors: BrokerErrors
+    ) -> PublishFailure | None:
+        """Publish ``entry``, a few tries unless the broker is down; ``None`` once it went out."""
+        failure = None
         for _ in range(PUBLISH_TRIES):
             try:
                 publish(self.resilience, entry, producer)
             except Exception as exc:
-                if isinstance(exc, outage):
-                    return exc
-                error = exc
+                failure = errors.classify(exc)
+                if failure.kind == "outage":
+                    break
             else:
                 return None
-        return error
+        return failure
 
     def _refusal(self, entry: ParkedTask, now: float) -> Refusal | None:
         refusal = preflight(self.resilience, entry, now)

@@ -7,7 +7,9 @@ import threading
 import weakref
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
+
+from kombu.exceptions import OperationalError as KombuOperationalError
 
 from .backout.entry import ParkedTask
 from .backout.store import dead_reason
@@ -92,22 +94,43 @@ def publish(resilience: Resilience, entry: ParkedTask, producer: Any = None) -> 
     )
 
 
-Errors = tuple[type[BaseException], ...]
+@dataclass(frozen=True)
+class PublishFailure:
+    """A publish that failed: ``outage`` (the broker is unreachable: every publish would fail),
+    ``refused`` (the broker said no to this message: a queue it won't take, a size limit, a
+    permission, or a broker that refuses everything, such as one out of memory) or ``entry``
+    (the message could not even be made: the entry's own fault)."""
+
+    kind: Literal["outage", "refused", "entry"]
+    error: BaseException
+
+    def __str__(self) -> str:
+        return f"{type(self.error).__name__}: {self.error}"
 
 
-def broker_errors(app: Any) -> tuple[Errors, Errors]:
-    """(connection errors, channel errors) of the app's broker transport.
+class BrokerErrors:
+    """Tells the kinds of :class:`PublishFailure` apart for the app's broker transport."""
 
-    A connection error is an outage: every publish would fail. A channel error is the broker
-    refusing one message (a queue it won't take, a size limit, a permission), or a broker that
-    refuses everything (out of memory): the drain tells them apart by whether other entries
-    went through.
-    """
-    connection = app.connection_for_write()
-    try:
-        return tuple(connection.connection_errors), tuple(connection.channel_errors)
-    finally:
-        connection.release()
+    def __init__(self, app: Any) -> None:
+        connection = app.connection_for_write()
+        try:
+            self.outage = tuple(connection.connection_errors)
+            self.refused = tuple(connection.channel_errors)
+        finally:
+            connection.release()
+
+    def classify(self, exc: BaseException) -> PublishFailure:
+        # kombu re-raises transport errors as its OperationalError, the original as the cause.
+        root = exc
+        while isinstance(root, KombuOperationalError) and root.__cause__ is not None:
+            root = root.__cause__
+        if isinstance(root, self.outage):
+            return PublishFailure("outage", root)
+        if isinstance(root, self.refused):
+            return PublishFailure("refused", root)
+        if isinstance(root, KombuOperationalError):  # kombu's own, with nothing beneath it
+            return PublishFailure("outage", root)
+        return PublishFailure("entry", root)
 
 
 _loaded: weakref.WeakSet[Any] = weakref.WeakSet()

@@ -8,8 +8,9 @@ bytes unchanged until the test tells it otherwise:
 - ``blackhole()``: nothing is forwarded either way, connections stay open (a hung server or a
   lost network: clients wait for their socket timeout);
 - ``hold_on(pattern)``: forwards until a client sends a chunk containing ``pattern`` (a Lua
-  script's SHA, a key name), then holds that chunk: the client is stuck at exactly that step
-  while the test acts (``kill -9`` of the process, a Redis fault), then ``release()``;
+  script's SHA, a key name), then holds that chunk and everything after it on that connection:
+  the client is stuck at exactly that step, the others go on, while the test acts (``kill -9``
+  of the process, a Redis fault), then ``release()``;
 - ``cut_reply_on(pattern)``: forwards the matching request, swallows the server's answer and
   closes the client's connection: the command ran, the client sees a connection error;
 - ``reset()``: closes every connection.
@@ -37,6 +38,7 @@ class _Link:
     client: socket.socket
     server: socket.socket
     held: list[bytes] = field(default_factory=list)  # client -> server chunks not yet sent
+    holding: bool = False  # this connection is held at a matched step
     cut_after_request: bool = False
     closed: bool = False
 
@@ -67,7 +69,7 @@ class FaultProxy:
             self._blackhole = True
 
     def hold_on(self, pattern: bytes) -> threading.Event:
-        """Hold the first client chunk containing ``pattern`` (and all traffic after it)."""
+        """Hold the first client chunk containing ``pattern`` (and its connection after it)."""
         with self._lock:
             self.matched.clear()
             self._hold = pattern
@@ -85,6 +87,8 @@ class FaultProxy:
         with self._lock:
             self._blackhole, self._hold, self._cut = False, None, None
             links = list(self._links)
+            for link in links:
+                link.holding = False
             self._lock.notify_all()
         for link in links:
             self._flush(link)
@@ -136,13 +140,13 @@ class FaultProxy:
             with self._lock:
                 if self._hold is not None and self._hold in data:
                     self._hold = None
-                    self._blackhole = True
+                    link.holding = True
                     self.matched.set()
                 elif self._cut is not None and self._cut in data:
                     self._cut = None
                     link.cut_after_request = True
                     self.matched.set()
-                if self._blackhole or link.held:
+                if self._blackhole or link.holding or link.held:
                     link.held.append(data)
                     continue
             try:
@@ -162,7 +166,7 @@ class FaultProxy:
                 self._close(link)
                 return
             with self._lock:
-                while self._blackhole and not link.closed:
+                while (self._blackhole or link.holding) and not link.closed:
                     self._lock.wait(0.05)
                 if link.cut_after_request:
                     break
@@ -174,14 +178,17 @@ class FaultProxy:
         self._close(link)  # the reply is lost: the client sees its connection closed
 
     def _flush(self, link: _Link) -> None:
+        # Under the lock: a chunk the client sends meanwhile must not overtake the held ones.
         with self._lock:
             held, link.held = link.held, []
-        for data in held:
             try:
-                link.server.sendall(data)
+                for data in held:
+                    link.server.sendall(data)
             except OSError:
-                self._close(link)
+                pass
+            else:
                 return
+        self._close(link)
 
     def _close(self, link: _Link) -> None:
         with self._lock:

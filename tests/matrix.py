@@ -205,7 +205,9 @@ class MatrixWorld:
         ids = []
         for i in range(count):
             task_id = f"{tag}-{i}-{uuid.uuid4().hex[:6]}"
-            self.app.tasks[f"workerapp.{task}"].apply_async((f"{tag}-{i}",), task_id=task_id, **options)
+            self.app.tasks[f"workerapp.{task}"].apply_async(
+                (f"{tag}-{i}",), task_id=task_id, **options
+            )
             ids.append(task_id)
         return ids
 
@@ -258,7 +260,12 @@ class MatrixWorld:
                     except (KeyError, ValueError, TimeoutError):
                         pass
             runs, entries = self.runs(), self.entries()
-            open_ids = [t for t in ids if not runs.get(t) and t not in entries]
+            open_ids = [
+                t
+                for t in ids
+                if not (runs.get(t) and t not in entries)
+                and not (t in entries and entries[t].status == "dead")
+            ]
             return not open_ids or not (set(open_ids) - self.failed(open_ids))
 
         wait_for(home, f"{cell}: every id to succeed, die or fail")

@@ -1,0 +1,267 @@
+"""The fault matrix, drain side: each step of a drain under each fault, with one real worker
+that runs what the drains replay (``tests/matrix.py`` describes the world and the ledger).
+
+Steps: the claim, decoding an entry, publishing a replay, the drain's ack. Faults: the
+resilience Redis hung or answering NOPERM, OOM or READONLY at that very script (the proxy holds
+the drainer there while the fault is applied); the broker refusing every publish, or one
+entry's queue (ACLs); an entry that can't be decoded, or encoded for the broker; an entry whose
+``expires`` passed while it was parked; ``kill -9`` of a drainer process at that step. Entries
+are parked straight into the store (due now), as a worker would have; every task runs with
+``deduplicate=True``, so a replay published twice runs once.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from celery_resilience import ParkedTask
+from celery_resilience.drain import Drainer
+
+from .faults import acl_denied, out_of_memory, read_only, script_sha
+from .matrix import TABLE, USER, Ledger, MatrixWorld, wait_for
+
+pytestmark = pytest.mark.slow
+
+CLAIM = script_sha("backout/lua/claim.lua")
+ACK = script_sha("backout/lua/delete.lua")
+LEASE = 2.0
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[MatrixWorld]:
+    tmp: Path = tmp_path_factory.mktemp("matrix-drain")
+    world = MatrixWorld(tmp, redis_url)
+    world.start_worker("solo")
+    yield world
+    world.close()
+    for row in TABLE:
+        print(row)
+
+
+@pytest.fixture(autouse=True)
+def clean(world: MatrixWorld) -> Iterator[None]:
+    world.heal()
+    world.dependency(up=True)
+    world.resilience.breaker("dep").reset()
+    yield
+    world.heal()
+
+
+def park(world: MatrixWorld, count: int, tag: str, **fields: Any) -> list[str]:
+    """``count`` parked charges, due now, as a worker parks them when the breaker is open."""
+    now = world.resilience.now()
+    ids = []
+    for i in range(count):
+        task_id = f"{tag}-{i}-{time.monotonic_ns()}"
+        values: dict[str, Any] = {
+            "task_name": "workerapp.charge",
+            "task_id": task_id,
+            "reason": "breaker_open",
+            "breaker": "dep",
+            "args": [f"{tag}-{i}"],
+            "options": {"queue": world.queue},
+            "parked_at": now - 10,
+            "due_at": now - 10,
+        }
+        values.update(fields)
+        world.resilience.backout_store.park(ParkedTask.new(**values))
+        ids.append(task_id)
+    return ids
+
+
+def drain_through_faults(world: MatrixWorld) -> Any:
+    """One drain run as a beat-run drain does it: the ACL user, through the proxies."""
+    resilience = world.drainer_app()
+    try:
+        return Drainer(resilience, lease=LEASE).run()
+    finally:
+        resilience.app.close()
+
+
+def settle(world: MatrixWorld, cell: str, ids: list[str], during: dict[str, int]) -> Ledger:
+    """Heal, then let drains (not replays by hand) bring every id home."""
+    world.heal()
+
+    def home() -> bool:
+        world.resilience.drain()
+        runs, entries = world.runs(), world.entries()
+        return all(
+            (runs.get(t) and t not in entries) or (t in entries and entries[t].status == "dead")
+            for t in ids
+        )
+
+    wait_for(home, f"{cell}: every id replayed and run, or dead")
+    time.sleep(0.3)
+    return Ledger(cell, ids, world.runs(), world.entries(), world.failed(ids), during)
+
+
+def still_parked(world: MatrixWorld, ids: list[str]) -> dict[str, int]:
+    snap = world.snapshot(ids)
+    assert snap["parked"] == len(ids), snap  # nothing lost, nothing half done
+    return snap
+
+
+def kill(process: Any) -> None:
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait(10)
+
+
+# -- the claim ----------------------------------------------------------------------------------
+
+
+def test_claim_with_redis_hung_reports_and_loses_nothing(world: MatrixWorld) -> None:
+    ids = park(world, 3, "claim-hung")
+    held = world.store_proxy.hold_on(CLAIM)
+    report = drain_through_faults(world)
+    assert held.is_set()
+    assert report.errors == 1 and report.replayed == 0
+    during = still_parked(world, ids)
+    settle(world, "claim × Redis hung", ids, during).check()
+
+
+@pytest.mark.parametrize("fault", ["NOPERM", "OOM", "READONLY"])
+def test_claim_with_redis_answering_errors_reports_and_loses_nothing(
+    world: MatrixWorld, fault: str
+) -> None:
+    ids = park(world, 3, f"claim-{fault}")
+    if fault == "NOPERM":
+        fault_cm: Any = acl_denied(world.store_admin, USER, ["-evalsha", "-eval"])
+    elif fault == "OOM":
+        fault_cm = out_of_memory(world.store_admin)
+    else:
+        fault_cm = read_only(world.store_admin)
+    with fault_cm:
+        report = drain_through_faults(world)
+        assert report.errors == 1 and report.replayed == 0
+        during = still_parked(world, ids)
+    settle(world, f"claim × {fault}", ids, during).check()
+
+
+def test_claim_with_the_drainer_killed_there_loses_nothing(world: MatrixWorld) -> None:
+    ids = park(world, 3, "claim-kill")
+    held = world.store_proxy.hold_on(CLAIM)
+    drainer = world.start_drainer(LEASE)
+    wait_for(held.is_set, "the drainer held at its claim")
+    kill(drainer)
+    world.store_proxy.release()
+    during = still_parked(world, ids)
+    settle(world, "claim × kill -9 drainer", ids, during).check()
+
+
+# -- decoding an entry ----------------------------------------------------------------------------
+
+
+def test_an_entry_that_cannot_be_decoded_is_quarantined_and_the_rest_drain(
+    world: MatrixWorld,
+) -> None:
+    ids = park(world, 3, "decode")
+    store = world.resilience.backout_store
+    store._put_raw("garbage-entry", b"\x00not an entry", breaker="dep")  # a corrupt write
+    report = drain_through_faults(world)
+    assert report.replayed == 3
+    corrupt = world.resilience.backout.get("garbage-entry")
+    assert corrupt is not None
+    assert (corrupt.status, corrupt.dead_reason) == ("dead", "undecodable")
+    settle(world, "decode × undecodable entry", ids, {"dead_undecodable": 1}).check()
+    world.resilience.backout.delete("garbage-entry")
+
+
+# -- publishing a replay ------------------------------------------------------------------------
+
+
+def test_a_broker_refusing_every_publish_gives_the_entries_back(world: MatrixWorld) -> None:
+    ids = park(world, 4, "publish-refused")
+    with acl_denied(world.broker_admin, USER, ["-lpush"]):
+        report = drain_through_faults(world)
+    assert report.replayed == 0 and report.dead == 0 and report.errors == 1
+    during = still_parked(world, ids)
+    settle(world, "replay publish × broker refuses all", ids, during).check()
+
+
+def test_a_queue_the_broker_refuses_kills_that_entry_only(world: MatrixWorld) -> None:
+    good = park(world, 3, "publish-one-refused")
+    (bad,) = park(world, 1, "publish-forbidden", options={"queue": "forbidden-queue"})
+    broker = f"{world.prefix}:broker:"
+    rules = ["resetkeys", f"~{broker}{world.queue}*", f"~{broker}_kombu*", f"~{broker}unacked*"]
+    with acl_denied(world.broker_admin, USER, rules):
+        report = drain_through_faults(world)
+    assert (report.replayed, report.dead) == (3, 1)
+    entry = world.entries()[bad]
+    assert entry.status == "dead"
+    assert entry.dead_reason is not None
+    assert entry.dead_reason.startswith("unpublishable: NoPermissionError")
+    settle(world, "replay publish × broker refuses one queue", [*good, bad], {}).check(dead=1)
+
+
+def test_an_entry_that_cannot_be_encoded_for_the_broker_dies_alone(world: MatrixWorld) -> None:
+    good = park(world, 3, "publish-encode")
+    (bad,) = park(
+        world, 1, "publish-unencodable", options={"queue": world.queue, "serializer": "gone"}
+    )
+    report = drain_through_faults(world)
+    assert (report.replayed, report.dead, report.errors) == (3, 1, 0)
+    assert world.entries()[bad].dead_reason.startswith("unpublishable: SerializerNotInstalled")
+    settle(world, "replay publish × entry can't be encoded", [*good, bad], {}).check(dead=1)
+
+
+def test_an_entry_that_expired_while_parked_is_dead_not_published(world: MatrixWorld) -> None:
+    past = (datetime.now(timezone.utc) - timedelta(minutes=5)).isoformat()
+    future = (datetime.now(timezone.utc) + timedelta(hours=1)).isoformat()
+    (old,) = park(world, 1, "expired", options={"queue": world.queue, "expires": past})
+    fresh = park(world, 2, "not-expired", options={"queue": world.queue, "expires": future})
+    report = drain_through_faults(world)
+    assert (report.replayed, report.dead) == (2, 1)
+    entry = world.entries()[old]
+    assert (entry.status, entry.dead_reason) == ("dead", "expired")
+    assert not world.in_broker([old])  # never sent: a worker would have revoked it
+    settle(world, "replay publish × expired while parked", [old, *fresh], {}).check(dead=1)
+
+
+def test_a_drainer_killed_mid_publish_loses_nothing(world: MatrixWorld) -> None:
+    ids = park(world, 4, "publish-kill")
+    held = world.broker_proxy.hold_on(ids[1].encode())  # the second entry's message
+    drainer = world.start_drainer(LEASE)
+    wait_for(held.is_set, "the drainer held while publishing")
+    kill(drainer)
+    world.broker_proxy.release()
+    during = world.snapshot(ids)
+    assert during["parked"] == len(ids)  # never acked: all still in the store
+    settle(world, "replay publish × kill -9 drainer", ids, during).check()
+
+
+# -- the drain's ack ------------------------------------------------------------------------------
+
+
+def test_an_ack_lost_to_a_hung_redis_publishes_again_and_runs_once(world: MatrixWorld) -> None:
+    ids = park(world, 3, "ack-hung")
+    held = world.store_proxy.hold_on(ACK)
+    report = drain_through_faults(world)
+    assert held.is_set()
+    assert report.errors == 1
+    world.store_proxy.release()
+    wait_for(lambda: set(ids) <= set(world.runs()), "the published replays to run")
+    during = world.snapshot(ids)
+    # Published, run, and still in the store: the next drain (after the lease) publishes them
+    # again, and deduplicate=True skips them at admission.
+    assert during["parked"] == 3
+    settle(world, "drain ack × Redis hung", ids, during).check()
+
+
+def test_a_drainer_killed_at_its_ack_publishes_again_and_runs_once(world: MatrixWorld) -> None:
+    ids = park(world, 3, "ack-kill")
+    held = world.store_proxy.hold_on(ACK)
+    drainer = world.start_drainer(LEASE)
+    wait_for(held.is_set, "the drainer held at its ack")
+    kill(drainer)
+    world.store_proxy.release()
+    during = world.snapshot(ids)
+    assert during["parked"] == 3
+    settle(world, "drain ack × kill -9 drainer", ids, during).check()
