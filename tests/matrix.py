@@ -20,6 +20,7 @@ found nowhere fails the cell, naming it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -255,10 +256,8 @@ class MatrixWorld:
             entries = self.entries()
             for task_id, entry in entries.items():
                 if task_id in ids and entry.status == "parked":
-                    try:
+                    with contextlib.suppress(KeyError, ValueError, TimeoutError):
                         self.resilience.backout.replay(entry.id)
-                    except (KeyError, ValueError, TimeoutError):
-                        pass
             runs, entries = self.runs(), self.entries()
             open_ids = [
                 t

@@ -122,9 +122,9 @@ def test_claim_with_redis_hung_reports_and_loses_nothing(world: MatrixWorld) -> 
     held = world.store_proxy.hold_on(CLAIM)
     report = drain_through_faults(world)
     assert held.is_set()
-    assert report.errors == 1 and report.replayed == 0
+    assert (report.errors, report.replayed) == (1, 0)
     during = still_parked(world, ids)
-    settle(world, "claim × Redis hung", ids, during).check()
+    settle(world, "claim / Redis hung", ids, during).check()
 
 
 @pytest.mark.parametrize("fault", ["NOPERM", "OOM", "READONLY"])
@@ -140,9 +140,9 @@ def test_claim_with_redis_answering_errors_reports_and_loses_nothing(
         fault_cm = read_only(world.store_admin)
     with fault_cm:
         report = drain_through_faults(world)
-        assert report.errors == 1 and report.replayed == 0
+        assert (report.errors, report.replayed) == (1, 0)
         during = still_parked(world, ids)
-    settle(world, f"claim × {fault}", ids, during).check()
+    settle(world, f"claim / {fault}", ids, during).check()
 
 
 def test_claim_with_the_drainer_killed_there_loses_nothing(world: MatrixWorld) -> None:
@@ -153,7 +153,7 @@ def test_claim_with_the_drainer_killed_there_loses_nothing(world: MatrixWorld) -
     kill(drainer)
     world.store_proxy.release()
     during = still_parked(world, ids)
-    settle(world, "claim × kill -9 drainer", ids, during).check()
+    settle(world, "claim / kill -9 drainer", ids, during).check()
 
 
 # -- decoding an entry ----------------------------------------------------------------------------
@@ -170,7 +170,7 @@ def test_an_entry_that_cannot_be_decoded_is_quarantined_and_the_rest_drain(
     corrupt = world.resilience.backout.get("garbage-entry")
     assert corrupt is not None
     assert (corrupt.status, corrupt.dead_reason) == ("dead", "undecodable")
-    settle(world, "decode × undecodable entry", ids, {"dead_undecodable": 1}).check()
+    settle(world, "decode / undecodable entry", ids, {"dead_undecodable": 1}).check()
     world.resilience.backout.delete("garbage-entry")
 
 
@@ -181,9 +181,9 @@ def test_a_broker_refusing_every_publish_gives_the_entries_back(world: MatrixWor
     ids = park(world, 4, "publish-refused")
     with acl_denied(world.broker_admin, USER, ["-lpush"]):
         report = drain_through_faults(world)
-    assert report.replayed == 0 and report.dead == 0 and report.errors == 1
+    assert (report.replayed, report.dead, report.errors) == (0, 0, 1)
     during = still_parked(world, ids)
-    settle(world, "replay publish × broker refuses all", ids, during).check()
+    settle(world, "replay publish / broker refuses all", ids, during).check()
 
 
 def test_a_queue_the_broker_refuses_kills_that_entry_only(world: MatrixWorld) -> None:
@@ -198,7 +198,7 @@ def test_a_queue_the_broker_refuses_kills_that_entry_only(world: MatrixWorld) ->
     assert entry.status == "dead"
     assert entry.dead_reason is not None
     assert entry.dead_reason.startswith("unpublishable: NoPermissionError")
-    settle(world, "replay publish × broker refuses one queue", [*good, bad], {}).check(dead=1)
+    settle(world, "replay publish / broker refuses one queue", [*good, bad], {}).check(dead=1)
 
 
 def test_an_entry_that_cannot_be_encoded_for_the_broker_dies_alone(world: MatrixWorld) -> None:
@@ -209,7 +209,7 @@ def test_an_entry_that_cannot_be_encoded_for_the_broker_dies_alone(world: Matrix
     report = drain_through_faults(world)
     assert (report.replayed, report.dead, report.errors) == (3, 1, 0)
     assert world.entries()[bad].dead_reason.startswith("unpublishable: SerializerNotInstalled")
-    settle(world, "replay publish × entry can't be encoded", [*good, bad], {}).check(dead=1)
+    settle(world, "replay publish / entry can't be encoded", [*good, bad], {}).check(dead=1)
 
 
 def test_an_entry_that_expired_while_parked_is_dead_not_published(world: MatrixWorld) -> None:
@@ -222,7 +222,7 @@ def test_an_entry_that_expired_while_parked_is_dead_not_published(world: MatrixW
     entry = world.entries()[old]
     assert (entry.status, entry.dead_reason) == ("dead", "expired")
     assert not world.in_broker([old])  # never sent: a worker would have revoked it
-    settle(world, "replay publish × expired while parked", [old, *fresh], {}).check(dead=1)
+    settle(world, "replay publish / expired while parked", [old, *fresh], {}).check(dead=1)
 
 
 def test_a_drainer_killed_mid_publish_loses_nothing(world: MatrixWorld) -> None:
@@ -234,7 +234,7 @@ def test_a_drainer_killed_mid_publish_loses_nothing(world: MatrixWorld) -> None:
     world.broker_proxy.release()
     during = world.snapshot(ids)
     assert during["parked"] == len(ids)  # never acked: all still in the store
-    settle(world, "replay publish × kill -9 drainer", ids, during).check()
+    settle(world, "replay publish / kill -9 drainer", ids, during).check()
 
 
 # -- the drain's ack ------------------------------------------------------------------------------
@@ -252,7 +252,7 @@ def test_an_ack_lost_to_a_hung_redis_publishes_again_and_runs_once(world: Matrix
     # Published, run, and still in the store: the next drain (after the lease) publishes them
     # again, and deduplicate=True skips them at admission.
     assert during["parked"] == 3
-    settle(world, "drain ack × Redis hung", ids, during).check()
+    settle(world, "drain ack / Redis hung", ids, during).check()
 
 
 def test_a_drainer_killed_at_its_ack_publishes_again_and_runs_once(world: MatrixWorld) -> None:
@@ -264,4 +264,4 @@ def test_a_drainer_killed_at_its_ack_publishes_again_and_runs_once(world: Matrix
     world.store_proxy.release()
     during = world.snapshot(ids)
     assert during["parked"] == 3
-    settle(world, "drain ack × kill -9 drainer", ids, during).check()
+    settle(world, "drain ack / kill -9 drainer", ids, during).check()

@@ -13,8 +13,8 @@ from __future__ import annotations
 import os
 import signal
 import time
-from datetime import datetime
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -75,7 +75,7 @@ def test_admission_with_redis_hung_runs_the_task_fail_open(world: MatrixWorld) -
     wait_for(lambda: world.failed(crash), "the crash to fail in its own code")
     during = world.snapshot(ids + crash)
     world.heal()
-    world.settle("admission × Redis hung", ids + crash, during).check(failed=1)
+    world.settle("admission / Redis hung", ids + crash, during).check(failed=1)
 
 
 @pytest.mark.parametrize("fault", ["NOPERM", "OOM", "READONLY"])
@@ -86,7 +86,7 @@ def test_admission_with_redis_answering_errors_runs_the_task_fail_open(
         ids = world.publish(3, f"adm-{fault}")
         wait_for(lambda: len(world.runs().keys() & set(ids)) == 3, "the tasks to run")
         during = world.snapshot(ids)
-    world.settle(f"admission × {fault}", ids, during).check()
+    world.settle(f"admission / {fault}", ids, during).check()
 
 
 def test_admission_with_the_child_killed_there_redelivers(world: MatrixWorld) -> None:
@@ -97,7 +97,7 @@ def test_admission_with_the_child_killed_there_redelivers(world: MatrixWorld) ->
     world.worker.kill_child(child(world))
     world.store_proxy.release()
     during = parked(world, ids)  # redelivered, admitted again, parked as breaker_open
-    world.settle("admission × kill -9 child", ids, during).check()
+    world.settle("admission / kill -9 child", ids, during).check()
 
 
 # -- the body ---------------------------------------------------------------------------------
@@ -112,7 +112,7 @@ def test_body_with_the_child_killed_runs_again(world: MatrixWorld) -> None:
     world.worker.kill_child(child(world))
     world.ledger.set(f"{world.prefix}:dep:latency", "0")
     wait_for(lambda: world.runs().get(ids[0]), "the task to run again and succeed")
-    world.settle("body × kill -9 child", ids).check()
+    world.settle("body / kill -9 child", ids).check()
 
 
 # -- publishing a retry ---------------------------------------------------------------------
@@ -125,7 +125,7 @@ def test_a_retry_the_broker_refuses_is_parked(world: MatrixWorld) -> None:
         during = parked(world, ids)
     reasons = {e.reason for t, e in world.entries().items() if t in ids}
     assert reasons == {"delay_too_long"}  # held in the store until the retry would have run
-    world.settle("retry publish × broker refuses", ids, during).check()
+    world.settle("retry publish / broker refuses", ids, during).check()
 
 
 # -- writing the park entry -------------------------------------------------------------------
@@ -140,7 +140,7 @@ def test_a_park_refused_with_noperm_keeps_the_message_in_the_broker(world: Matri
         during = world.snapshot(ids)
         assert during["parked"] == 0
         assert during["in_broker"] == 3
-    world.settle("park × NOPERM", ids, during).check()
+    world.settle("park / NOPERM", ids, during).check()
 
 
 @pytest.mark.parametrize("fault", ["OOM", "READONLY", "hung"])
@@ -154,7 +154,7 @@ def test_an_exhausted_task_whose_park_fails_stays_in_the_broker(
         during = world.snapshot(ids)
         assert during["parked"] == 0
         assert during["in_broker"] == 2
-    world.settle(f"park × {fault}", ids, during).check()
+    world.settle(f"park / {fault}", ids, during).check()
 
 
 def test_an_entry_that_cannot_be_encoded_keeps_the_message(world: MatrixWorld) -> None:
@@ -170,7 +170,7 @@ def test_an_entry_that_cannot_be_encoded_keeps_the_message(world: MatrixWorld) -
     during = world.snapshot(ids)
     assert during["parked"] == 0
     assert during["in_broker"] == 2
-    world.settle("park × entry can't be encoded", ids, during).check()
+    world.settle("park / entry can't be encoded", ids, during).check()
 
 
 def test_a_child_killed_while_parking_parks_once(world: MatrixWorld) -> None:
@@ -181,7 +181,7 @@ def test_a_child_killed_while_parking_parks_once(world: MatrixWorld) -> None:
     world.worker.kill_child(child(world))
     world.store_proxy.release()
     during = parked(world, ids)
-    world.settle("park × kill -9 child", ids, during).check()
+    world.settle("park / kill -9 child", ids, during).check()
 
 
 def test_a_park_whose_reply_is_lost_parks_once(world: MatrixWorld) -> None:
@@ -191,7 +191,7 @@ def test_a_park_whose_reply_is_lost_parks_once(world: MatrixWorld) -> None:
     wait_for(cut.is_set, "a park whose reply was cut")
     during = parked(world, ids)
     assert len(world.resilience.backout.list(limit=1000)) >= 2
-    world.settle("park × reply lost", ids, during).check()
+    world.settle("park / reply lost", ids, during).check()
 
 
 # -- the ack ------------------------------------------------------------------------------------
@@ -216,7 +216,7 @@ def test_a_worker_killed_between_park_and_ack_parks_once(world: MatrixWorld) -> 
     wait_for(lambda: not world.in_broker(ids), "the redelivered message to be handled", 30.0)
     during = world.snapshot(ids)
     assert during["parked"] == 1
-    world.settle("ack × kill -9 worker", ids, during).check()
+    world.settle("ack / kill -9 worker", ids, during).check()
 
 
 def _redis_error(world: MatrixWorld, fault: str):  # type: ignore[no-untyped-def]
