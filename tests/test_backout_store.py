@@ -301,6 +301,22 @@ def test_concurrent_parks_never_exceed_max_entries(make_store: MakeStore) -> Non
 # -- dead entries ---------------------------------------------------------------------------
 
 
+def test_a_redelivered_entry_is_never_due_but_can_be_read_and_removed(store: Store) -> None:
+    # A message that crashed its worker max_deliveries times: only a person may send it again.
+    poison = entry(1, reason="redelivered", due_at=T0)
+    normal = entry(2, due_at=T0)
+    for e in (poison, normal):
+        store.park(e)
+    later = T0 + 10**6
+    assert store.due("payments", now=later) == 1
+    claimed = store.claim("payments", 10, lease=60.0, now=later)
+    assert [e.id for e in claimed] == [normal.id]
+    assert store.claim("payments", 10, lease=60.0, now=later + 30) == []  # leased, held
+    assert store.get(poison.id) == poison
+    assert store.count(status="parked") == 2
+    assert store.delete(poison.id)
+
+
 def test_mark_dead(store: Store) -> None:
     e = entry(1)
     store.park(e)

@@ -536,6 +536,22 @@ def test_replay_of_an_unregistered_task_refuses_and_keeps_the_entry(
     assert sent_count(redis_client, queue) == 0
 
 
+def test_replay_of_an_expired_entry_refuses_and_marks_it_dead(
+    kind: str, make_resilience: MakeResilience, redis_client: redis.Redis, queue: str
+) -> None:
+    resilience = make_resilience(kind)
+    gone = "2020-01-01T00:00:00+00:00"
+    (entry,) = park(resilience, 1, queue, options={"queue": queue, "expires": gone})
+
+    with pytest.raises(ValueError, match="expired at 2020-01-01T00:00:00"):
+        resilience.backout.replay(entry.id)
+
+    kept = resilience.backout.get(entry.id)
+    assert kept is not None
+    assert (kept.status, kept.dead_reason) == ("dead", "expired")
+    assert sent_count(redis_client, queue) == 0
+
+
 # -- one drainer at a time -----------------------------------------------------------------------
 
 

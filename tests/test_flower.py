@@ -330,3 +330,38 @@ def test_breaker_tripped_in_the_worker_counts_for_the_worker(world: World) -> No
     assert world.flower.events_total("task-parked", node) == parked_before + 3
     # Flower counts only task events in /metrics: breaker events have no series there.
     assert world.flower.events_total("resilience-breaker-opened", node) == 0
+
+
+def test_task_replayed_goes_out_only_for_what_was_published(world: World) -> None:
+    """The event follows the publish: an entry the broker never got shows no REPLAYED."""
+    from celery_resilience import ParkedTask
+
+    world.dependency(up=True)
+    world.resilience.breaker("dep").reset()
+    queue = world.app.conf.task_default_queue
+    now = world.resilience.now()
+    good, bad = (
+        ParkedTask.new(
+            task_name=TASK,
+            task_id=f"{label}-{uuid.uuid4().hex[:8]}",
+            reason="breaker_open",
+            breaker="dep",
+            args=[label],
+            options={"queue": queue, **extra},
+            parked_at=now - 5,
+            due_at=now - 5,
+        )
+        for label, extra in (("good", {}), ("bad", {"serializer": "gone"}))
+    )
+    for entry in (good, bad):
+        world.resilience.backout_store.park(entry)
+
+    report = world.resilience.drain(breaker="dep")
+
+    assert report.dead == 1
+    assert report.replayed >= 1  # the good one, and what an earlier test left parked
+    wait_for(
+        lambda: (info := world.flower.task(good.task_id)) and info["state"] == "SUCCESS",
+        "the published replay SUCCESS in Flower",
+    )
+    assert world.flower.task(bad.task_id) is None  # no task-replayed for what never went out

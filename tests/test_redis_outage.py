@@ -248,3 +248,51 @@ def test_redis_server_without_appendonly_starts_empty_after_a_stop() -> None:
         client = server.client()
         assert client.get("k") is None
         client.close()
+
+
+# -- what a failed record must not lose, or do twice ------------------------------------------
+def test_deferred_successes_survive_a_failure_record_that_errors(make_breaker, server) -> None:
+    breaker = make_breaker(server.url, "fail_open")
+    for _ in range(3):
+        breaker.call(lambda: None)  # held back in this process (sent once a second)
+    permit = breaker.acquire()
+    server.stop()
+    permit.failure()  # Redis is gone: this record fails; the 3 successes must not go with it
+    server.start()
+    breaker.flush()
+    snap = breaker.snapshot()  # a fresh Redis: it holds exactly what was sent since
+    assert (snap["window_calls"], snap["successes_total"]) == (3, 3)
+
+
+def test_the_clock_falls_back_to_this_host_with_one_log_line(closed_port_url: str, caplog) -> None:
+    app = Celery("t", broker=closed_port_url, set_as_current=False)
+    app.conf.resilience_redis_timeout = TIMEOUT
+    resilience = Resilience(app)
+    caplog.set_level(logging.DEBUG, logger="celery_resilience")
+    before = time.time()
+    stamps = [resilience.now() for _ in range(3)]
+    assert all(before <= t <= time.time() for t in stamps)
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR and "TIME" in r.msg]
+    assert len(errors) == 1
+
+
+def test_a_record_whose_reply_is_lost_is_not_sent_twice(make_breaker, server) -> None:
+    """The reply of a failure record is cut after Redis ran it: the client sees a connection
+    error, and must not send the script again (the failure would count twice)."""
+    from celery_resilience.breaker.redis import _load_script
+    from tests.faults import FaultProxy, script_sha
+
+    admin = server.client()
+    admin.script_load(_load_script("record"))  # the EVALSHA that is cut runs at once
+    admin.close()
+    proxy = FaultProxy(server.port)
+    try:
+        breaker = make_breaker(f"redis://{proxy.url}/0", "fail_open")
+        permit = breaker.acquire()
+        cut = proxy.cut_reply_on(script_sha("breaker/lua/record.lua"))
+        permit.failure()
+        assert cut.is_set()
+        snap = breaker.snapshot()
+        assert (snap["failures_total"], snap["consecutive_failures"]) == (1, 1)
+    finally:
+        proxy.close()

@@ -30,7 +30,7 @@ from celery_resilience import BreakerOpen, Resilience, ResilientTask, StoreUnava
 from celery_resilience.backout import MemoryBackoutStore, ParkedTask, StoreFull
 from celery_resilience.breaker import MemoryBreakerStore
 from celery_resilience.config import ResilienceConfig
-from celery_resilience.headers import entry_id
+from celery_resilience.headers import REPLAYS_HEADER, entry_id
 
 BREAKERS = {
     # Roomy: a whole retry chain fails without opening it.
@@ -337,6 +337,24 @@ def test_park_on_parks_at_once_without_retrying(
 
 
 # -- other exceptions ---------------------------------------------------------------------------
+
+
+def test_park_on_is_due_later_with_each_replay(make_app: MakeApp) -> None:
+    # The dependency keeps saying "not now": the drain must not ask again at every run.
+    app = make_app(resilience_park_on_delay=60.0)
+
+    @resilient(app, breaker="dep", park_on=(NotNow,))
+    def ship(self: Any) -> None:
+        raise NotNow("come back later")
+
+    waits = []
+    for replays in range(4):
+        ship.apply(task_id=f"ship-{replays}", headers={REPLAYS_HEADER: replays})
+        entry = resilience(app).backout.get(entry_id(f"ship-{replays}", replays, 0))
+        assert entry is not None
+        waits.append(entry.due_at - entry.parked_at)
+    for replays, wait in enumerate(waits):  # equal jitter: between half and all of 60 * 2**n
+        assert 30.0 * 2**replays <= wait <= 60.0 * 2**replays, (replays, wait)
 
 
 def test_other_exception_is_a_plain_failure_not_counted_by_the_breaker(app: Celery) -> None:

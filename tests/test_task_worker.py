@@ -10,6 +10,7 @@ tests that expect it, a Celery FAILURE.
 from __future__ import annotations
 
 import json
+import os
 import re
 import socket
 import time
@@ -462,3 +463,99 @@ def test_pool_child_killed_mid_task_loses_nothing(make_world: Callable[..., Worl
     counts = world.assert_ledger()
     print(f"runs per task: {sorted(Counter(runs.values()).items())} (runs: tasks)")
     assert counts["succeeded"] + counts["parked"] == len(published)
+
+
+# -- 7. a poison message: parked after max_deliveries crashes, never fed back by the drain -------
+def test_a_message_that_kills_its_worker_is_parked_and_held_from_the_drain(
+    make_world: Callable[..., World],
+) -> None:
+    world = make_world(prefetch_multiplier=1)
+    worker = world.start_worker("prefork", 1)
+    deaths = f"{world.prefix}:poison:deaths"
+
+    task_id = world.publish("poison", "p-1")
+    entry = world.wait_parked([task_id], timeout=40.0)[task_id]
+
+    max_deliveries = world.resilience.config.max_deliveries
+    assert (entry.reason, entry.status) == ("redelivered", "parked")
+    assert world.redis.llen(deaths) == max_deliveries  # each delivery killed its child
+    assert worker.process is not None and worker.process.poll() is None  # the worker lives on
+
+    # The drain never feeds it back to the pool: only a person replays it.
+    report = world.resilience.drain()
+    assert (report.replayed, report.skipped) == (0, 0)
+    assert world.resilience.backout.get(entry.id) == entry
+    time.sleep(0.5)
+    assert world.redis.llen(deaths) == max_deliveries
+    world.assert_ledger()
+
+
+# -- 8. the task's own error during a half-open probe ------------------------------------------
+def test_a_probe_ending_in_the_tasks_own_error_is_released_not_judged(
+    make_world: Callable[..., World],
+) -> None:
+    world = make_world(failure_threshold=1, open_timeout=0.3)
+    world.start_worker()
+    breaker = world.resilience.breaker("dep")
+    with pytest.raises(ConnectionError):
+        breaker.call(lambda: (_ for _ in ()).throw(ConnectionError("down")))
+    wait_for(lambda: breaker.state == "half_open", "the breaker to half-open")
+
+    # A parser error on a 503 page says nothing about the dependency: the probe is given back.
+    crashed = world.publish("crash", "x-probe")
+    wait_for(lambda: world.state(crashed) == "FAILURE", "the crash to fail")
+    snap = breaker.snapshot()
+    assert (snap["state"], snap["probes_in_flight"], snap["closed_total"]) == ("half_open", 0, 0)
+
+    # The next call probes at once (not after probe_lease) and decides.
+    world.dependency(up=True)
+    charged = world.publish("charge", "o-probe")
+    wait_for(lambda: charged in world.succeeded(), "the probe to succeed")
+    assert breaker.state == "closed"
+    world.assert_ledger(failed={crashed})
+
+
+# -- 9. a database store that refuses the park (a real DatabaseError) ---------------------------
+def test_a_database_error_at_park_keeps_the_message_until_the_store_takes_it(
+    make_world: Callable[..., World], tmp_path: Path
+) -> None:
+    import sqlite3
+    import subprocess
+    import sys
+
+    db = tmp_path / "parked.sqlite3"
+    world = make_world(keep_delay=0.3)
+    env = {**world.env, "DJANGOAPP_DB": str(db)}
+    migrate = "import tests.djangoworkerapp as a; a.migrate()"
+    subprocess.run([sys.executable, "-c", migrate], env={**os.environ, **env}, check=True)
+    table = "celery_resilience_parkedtaskrecord"
+    with sqlite3.connect(db) as sql:  # every INSERT now fails: an IntegrityError from Django
+        sql.execute(
+            f"CREATE TRIGGER no_parks BEFORE INSERT ON {table} "
+            "BEGIN SELECT RAISE(ABORT, 'parking is off'); END"
+        )
+    log = tmp_path / "worker-django.log"
+    worker = WorkerProcess(env, log, app="tests.djangoworkerapp")
+    world.workers.append(worker)
+    worker.start()
+    world.resilience.breaker("dep").force_open()
+
+    task_ids = [world.publish("charge", f"d-{i}") for i in range(2)]
+    time.sleep(1.5)  # several rounds: park refused, kept in the broker, back again
+    with sqlite3.connect(db) as sql:
+        assert sql.execute(f"SELECT COUNT(*) FROM {table}").fetchone() == (0,)
+    assert all(world.broker_messages_of(t) for t in task_ids)  # waiting in the broker
+    assert worker.log().count("Could not park workerapp.charge") == 1  # once per cause
+    assert "IntegrityError: parking is off" in worker.log()
+
+    with sqlite3.connect(db) as sql:
+        sql.execute("DROP TRIGGER no_parks")
+    deadline = time.monotonic() + WAIT
+    while time.monotonic() < deadline:
+        with sqlite3.connect(db) as sql:
+            rows = sql.execute(f"SELECT task_id, reason FROM {table}").fetchall()
+        if len(rows) == 2:
+            break
+        time.sleep(0.1)
+    assert sorted(rows) == sorted((t, "breaker_open") for t in task_ids)
+    assert "Parking works again after" in worker.log()

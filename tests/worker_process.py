@@ -30,11 +30,13 @@ class WorkerProcess:
         log_path: Path,
         pool: str = "solo",
         concurrency: int = 1,
+        app: str = "tests.workerapp",
     ) -> None:
         self.env = {**os.environ, **env}
         self.log_path = log_path
         self.pool = pool
         self.concurrency = concurrency
+        self.app = app
         self.queue = env["WORKERAPP_QUEUE"]
         self.hostname = f"w{uuid.uuid4().hex[:8]}@%h"
         self.process: subprocess.Popen[bytes] | None = None
@@ -50,7 +52,7 @@ class WorkerProcess:
             "-m",
             "celery",
             "-A",
-            "tests.workerapp",
+            self.app,
             "worker",
             "-P",
             self.pool,

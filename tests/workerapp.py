@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -186,6 +187,12 @@ def define_tasks(app: Celery, s: Mapping[str, Any]) -> None:
     @app.task(name="workerapp.crash", breaker="dep", retry_on=(ConnectionError,), **resilient)
     def crash(self: Any, order_id: str) -> None:
         raise ValueError(f"bad input: order {order_id!r} does not exist")
+
+    @app.task(name="workerapp.poison", **resilient)
+    def poison(self: Any, order_id: str) -> None:
+        """Kills the pool child that runs it, every time (a message that crashes its worker)."""
+        client(url).rpush(f"{prefix}:poison:deaths", self.request.id)
+        os.kill(os.getpid(), signal.SIGKILL)
 
     @app.task(name="workerapp.slow", **resilient)
     def slow(self: Any, order_id: str, seconds: float) -> str:
