@@ -108,7 +108,7 @@ def cli(key_prefix: str, redis_url: str, redis_client: Any) -> Iterator[Any]:
         }
         return Cli(env, redis_client)
 
-    yield make
+    return make
 
 
 def test_cli_errors_text_and_json_never_show_the_password(cli: Any, unreachable_url: str) -> None:

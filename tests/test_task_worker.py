@@ -479,7 +479,8 @@ def test_a_message_that_kills_its_worker_is_parked_and_held_from_the_drain(
     max_deliveries = world.resilience.config.max_deliveries
     assert (entry.reason, entry.status) == ("redelivered", "parked")
     assert world.redis.llen(deaths) == max_deliveries  # each delivery killed its child
-    assert worker.process is not None and worker.process.poll() is None  # the worker lives on
+    assert worker.process is not None
+    assert worker.process.poll() is None
 
     # The drain never feeds it back to the pool: only a person replays it.
     report = world.resilience.drain()
