@@ -10,6 +10,7 @@ worker, held at that very step by the proxy. Every fault is real; nothing is pat
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -128,6 +129,27 @@ def test_a_retry_the_broker_refuses_is_parked(world: MatrixWorld) -> None:
     world.settle("retry publish / broker refuses", ids, during).check()
 
 
+def test_a_retry_and_a_park_both_refused_leave_the_message_unacked(world: MatrixWorld) -> None:
+    # The broker takes no publish (the retry, the kept copy, even the requeue: all LPUSH) and
+    # the store no park: the message is never rejected, it stays in kombu's ``unacked`` until
+    # the broker's visibility sweep brings it back, after the faults are healed. (kombu's
+    # refused requeue is an "unrecoverable error" for Celery: the worker exits, as a
+    # supervisor would restart it; the message stays safe meanwhile.)
+    world.dependency(up=False)
+    rules = ["resetkeys", f"~{{{world.prefix}:breaker:*", f"~{world.prefix}:breakers"]
+    with (
+        acl_denied(world.broker_admin, USER, ["-lpush"]),
+        acl_denied(world.store_admin, USER, rules),
+    ):
+        ids = world.publish(2, "retry-park-refused")
+        time.sleep(2.0)
+        during = world.snapshot(ids)
+        assert during["parked"] == 0
+        assert during["in_broker"] == 2
+    restart(world)
+    world.settle("retry publish + park / broker and store refuse", ids, during).check()
+
+
 # -- writing the park entry -------------------------------------------------------------------
 
 
@@ -205,18 +227,24 @@ def test_a_worker_killed_between_park_and_ack_parks_once(world: MatrixWorld) -> 
     held = world.broker_proxy.hold_on(b"HDEL")
     wait_for(lambda: ids[0] in world.entries(), "the park")
     wait_for(held.is_set, "the worker's ack held")
-    old = world.worker
-    pids = [old.pid, *old.children()]
-    for pid in pids:  # kill -9 of the worker's main process and its pool child
-        os.kill(pid, signal.SIGKILL)
-    world.broker_proxy.release()
-    world.start_worker("prefork", 1)
+    restart(world)  # kill -9 of the worker's main process and its pool child, a new worker
+    world.broker_proxy.release()  # the dead worker's ack is gone with its connection
+    assert world.in_broker(ids)  # never acked: still in kombu's ``unacked``
     # The message was never acked: restored after the visibility timeout, it parks onto the
     # same entry (its id comes from task id, replays and retries).
     wait_for(lambda: not world.in_broker(ids), "the redelivered message to be handled", 30.0)
     during = world.snapshot(ids)
     assert during["parked"] == 1
     world.settle("ack / kill -9 worker", ids, during).check()
+
+
+def restart(world: MatrixWorld) -> None:
+    """kill -9 the worker (main process and pool child) and start another."""
+    old = world.worker
+    for pid in [old.pid, *old.children()]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    world.start_worker("prefork", 1)
 
 
 def _redis_error(world: MatrixWorld, fault: str):  # type: ignore[no-untyped-def]
