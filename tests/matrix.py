@@ -21,6 +21,7 @@ found nowhere fails the cell, naming it.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -48,6 +49,8 @@ USER, PASSWORD = "worker", "worker-secret"
 SETTLE_TIMEOUT = 30.0
 #: Ledger rows of every cell run in this session, printed at its end (and for the docs).
 TABLE: list[dict[str, Any]] = []
+#: Where to write the rows as JSON lines, when set.
+TABLE_ENV = "RESILIENCE_MATRIX_TABLE"
 
 
 def wait_for(predicate: Callable[[], Any], what: str, timeout: float = SETTLE_TIMEOUT) -> Any:
@@ -105,6 +108,9 @@ class Ledger:
         """No id lost, none both succeeded and stored; the expected dead and failed counts."""
         TABLE.append(self.row())
         print(f"ledger {self.row()}")
+        if os.environ.get(TABLE_ENV):  # the matrix as a table, for the docs
+            with open(os.environ[TABLE_ENV], "a") as out:
+                out.write(json.dumps(self.row()) + "\n")
         assert not self.lost, f"{self.cell}: lost {sorted(self.lost)}"
         both = self.succeeded & set(self.entries)
         assert not both, f"{self.cell}: succeeded and still stored: {sorted(both)}"
