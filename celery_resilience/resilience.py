@@ -25,6 +25,7 @@ from .breaker.breaker import Admission, Breaker, RedisHealth, TransitionListener
 from .breaker.memory import MemoryBreakerStore
 from .breaker.redis import RedisBreakerStore
 from .breaker.store import BreakerStore, Delivery
+from .breaker.views import Views
 from .config import ResilienceConfig, backout_store_factory
 from .drain import Drainer, DrainReport, replay
 from .errors import StoreUnavailable
@@ -102,6 +103,8 @@ class Resilience:
         self._pid = -1
         self._client: redis.Redis | None = None
         self._breaker_store: BreakerStore | None = None
+        #: What this process knows of the breakers between round trips (one watch for all).
+        self.views = Views(lambda: self.breaker_store)
 
     def _send_transition_event(self, breaker: str, transition: str, state: str) -> None:
         if self.send_events:
@@ -173,6 +176,15 @@ class Resilience:
         with self._lock:
             self._pid = -1
 
+    def close(self) -> None:
+        """Stop watching the breakers and close this process's connections (tests, shutdown)."""
+        self.views.close()
+        with self._lock:
+            for client in (self._client, getattr(self._breaker_store, "client", None)):
+                if client is not None:
+                    client.close()
+            self._pid = -1
+
     @property
     def redis(self) -> redis.Redis:
         """The Redis client of breakers and store (``StoreUnavailable`` with ``memory://``)."""
@@ -237,6 +249,7 @@ class Resilience:
                         lambda: self.breaker_store,
                         self.health,
                         self.transition_listeners,
+                        self.views,
                     )
                     self._breakers[name] = breaker
         return breaker

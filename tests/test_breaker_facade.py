@@ -63,8 +63,7 @@ def make_resilience(redis_url: str, key_prefix: str) -> Iterator[MakeResilience]
 
     yield make
     for resilience in made:
-        if resilience._client is not None:
-            resilience._client.close()
+        resilience.close()
 
 
 @pytest.fixture
@@ -202,10 +201,20 @@ def succeed(breaker: Breaker, times: int) -> None:
         breaker.call(lambda: None)
 
 
+def known(breaker: Breaker) -> Breaker:
+    """Wait until the process knows the breaker for sure (its watch is live, its view learnt):
+    from then on a closed breaker admits without a round trip and successes are held back."""
+    deadline = time.monotonic() + 5.0
+    while breaker._views.admits(breaker.name) is None:
+        assert time.monotonic() < deadline, "the breaker's view was never learnt"
+        breaker.acquire().release()
+        time.sleep(0.005)
+    return breaker
+
+
 def defer_successes(breaker: Breaker, times: int) -> None:
-    """``times`` successes all held back (each acquire would carry the ones before it)."""
-    permits = [breaker.acquire() for _ in range(times)]
-    for permit in permits:
+    """``times`` successes, all held back in the process."""
+    for permit in [known(breaker).acquire() for _ in range(times)]:
         permit.success()
 
 
@@ -213,28 +222,33 @@ def flush_interval_passes(breaker: Breaker) -> None:
     breaker._last_flush -= FLUSH_INTERVAL
 
 
-def test_successes_are_deferred_and_ride_with_an_acquire_once_the_interval_passed(
-    make_breaker,
-) -> None:
+def test_successes_are_held_back_and_sent_once_the_interval_passed(make_breaker) -> None:
     breaker = make_breaker()
-    breaker.acquire().failure()
     defer_successes(breaker, 3)
-    snap = breaker.snapshot()
-    assert (snap["window_calls"], snap["consecutive_failures"]) == (1, 1)  # held back
-    breaker.acquire()
-    assert breaker.snapshot()["window_calls"] == 1  # within the interval: still held back
+    assert breaker.snapshot()["window_calls"] == 0  # held back
+    succeed(breaker, 1)
+    assert breaker.snapshot()["window_calls"] == 0  # within the interval: still held back
     flush_interval_passes(breaker)
-    breaker.acquire()
+    succeed(breaker, 1)  # sent now, with the four before it
     snap = breaker.snapshot()
-    # Counted now; a deferred success ends no streak (it may be older than other failures).
-    assert (snap["window_calls"], snap["consecutive_failures"]) == (4, 1)
+    assert (snap["window_calls"], snap["successes_total"]) == (5, 5)
 
 
-def test_deferred_successes_are_flushed_with_the_next_failure(make_breaker) -> None:
+def test_a_success_after_a_failure_is_sent_at_once_and_ends_the_streak(make_breaker) -> None:
+    breaker = known(make_breaker())
+    fail(breaker, 2)
+    succeed(breaker, 1)  # ends a streak: recorded at once
+    snap = breaker.snapshot()
+    assert (snap["window_calls"], snap["consecutive_failures"]) == (3, 0)
+    succeed(breaker, 2)  # no streak any more: held back again
+    assert breaker.snapshot()["window_calls"] == 3
+
+
+def test_held_back_successes_ride_with_the_next_failure_and_end_no_streak(make_breaker) -> None:
     breaker = make_breaker()
     defer_successes(breaker, 3)
     assert breaker.snapshot()["window_calls"] == 0
-    breaker.acquire().failure()
+    fail(breaker)
     snap = breaker.snapshot()
     assert (snap["window_calls"], snap["window_failures"], snap["consecutive_failures"]) == (
         4,
@@ -243,30 +257,85 @@ def test_deferred_successes_are_flushed_with_the_next_failure(make_breaker) -> N
     )
 
 
-def test_flush_sends_deferred_successes(make_breaker) -> None:
+def test_flush_sends_held_back_successes(make_breaker) -> None:
     breaker = make_breaker()
-    breaker.acquire().failure()
     defer_successes(breaker, 3)
-    assert breaker.snapshot()["window_calls"] == 1
+    assert breaker.snapshot()["window_calls"] == 0
     breaker.flush()
     snap = breaker.snapshot()
-    assert (snap["window_calls"], snap["consecutive_failures"], snap["successes_total"]) == (
-        4,
-        0,
-        3,
-    )
+    assert (snap["window_calls"], snap["successes_total"]) == (3, 3)
     breaker.flush()  # nothing left to send
-    assert breaker.snapshot()["window_calls"] == 4
+    assert breaker.snapshot()["window_calls"] == 3
 
 
-def test_a_steady_stream_of_successes_is_counted_without_a_flush(make_breaker) -> None:
-    breaker = make_breaker()
-    succeed(breaker, 5)  # within one interval: every admission only reads the state
-    assert breaker.snapshot()["successes_total"] == 0
-    flush_interval_passes(breaker)
-    succeed(breaker, 1)  # its admission carries the five before it
-    assert breaker.snapshot()["window_calls"] == 5
-    assert breaker.snapshot()["successes_total"] == 5
+@pytest.mark.parametrize("threshold", [5])
+def test_failures_apart_never_open_the_breaker_and_in_a_row_they_do(
+    make_breaker, threshold: int
+) -> None:
+    breaker = known(make_breaker(failure_threshold=threshold))
+    for _ in range(threshold - 1):  # F S F S F S F S F
+        fail(breaker)
+        succeed(breaker, 1)
+    fail(breaker)
+    assert breaker.state == "closed"
+    assert breaker.snapshot()["consecutive_failures"] == 1
+    fail(breaker, threshold - 1)  # five in a row
+    assert breaker.state == "open"
+
+
+def test_failures_apart_across_processes_never_open_the_breaker(make_resilience) -> None:
+    """F in one process, S in another, in turn: the second process hears of the streak and
+    sends its success at once (it ends the streak) instead of holding it back."""
+    failing = known(make_resilience(failure_threshold=5).breaker("dep"))
+    passing = known(make_resilience(failure_threshold=5).breaker("dep"))
+    for _ in range(4):
+        fail(failing)
+        deadline = time.monotonic() + 2.0
+        while not passing._views.admits("dep").streak:  # type: ignore[union-attr]
+            assert time.monotonic() < deadline, "the streak was never heard of"
+            time.sleep(0.001)
+        succeed(passing, 1)
+    fail(failing)
+    assert failing.state == "closed"
+    fail(failing, 4)
+    assert failing.state == "open"
+
+
+def test_a_closed_breaker_admits_without_a_round_trip(make_breaker, redis_client) -> None:
+    breaker = known(make_breaker())
+    calls = commandstat_calls(redis_client)
+    succeed(breaker, 200)
+    assert commandstat_calls(redis_client) - calls <= 1  # not one command per call
+
+
+def test_a_process_hears_at_once_that_another_opened_the_breaker(make_resilience) -> None:
+    watcher = known(make_resilience(failure_threshold=1).breaker("dep"))
+    tripper = make_resilience(failure_threshold=1).breaker("dep")
+    fail(tripper)
+    deadline = time.monotonic() + 1.0
+    while watcher._views.admits("dep") is not None:  # it stops admitting on its own
+        assert time.monotonic() < deadline, "the opening was never heard of"
+        time.sleep(0.0005)
+    with pytest.raises(BreakerOpen):
+        watcher.acquire()
+
+
+def test_a_process_whose_watch_is_cut_asks_redis_again(make_breaker, redis_client) -> None:
+    breaker = known(make_breaker())
+    redis_client.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
+    deadline = time.monotonic() + 2.0
+    while breaker._views.admits("dep") is not None:  # what it knew is no longer trusted
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    assert breaker.call(lambda: "asked Redis") == "asked Redis"
+    known(breaker)  # subscribed again: local once more
+
+
+def commandstat_calls(client: redis.Redis) -> int:
+    """Commands Redis ran so far (all clients: the test runs alone on its prefix)."""
+    stats = client.info("commandstats")
+    skip = {"cmdstat_info", "cmdstat_ping"}  # this count, and the watches' heartbeats
+    return sum(int(v["calls"]) for k, v in stats.items() if k not in skip)
 
 
 # -- state, snapshot, operator orders --------------------------------------------------------

@@ -1,12 +1,18 @@
 """The Lua scripts, the memory store and the pure model agree on every decision and state.
 
-Hypothesis drives random sequences of acquire / record / advance time / force through all three
-with the same pinned clock; any divergence is a bug in the scripts (the model is the spec).
+Hypothesis drives random sequences of acquire (with and without the delivery questions: the
+redelivery count, the dedup marker) / record / release / mark done / advance time / force
+through all three with the same pinned clock; any divergence is a bug in the scripts (the model
+is the spec). The view each call returns (version, streak) must agree too, and every change of
+it must be published once, in order, on the Redis channel and to the memory store's watchers.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import time
 import uuid
+from typing import Any
 
 import pytest
 import redis
@@ -23,10 +29,13 @@ from hypothesis.stateful import (
 
 from celery_resilience.breaker import MemoryBreakerStore, RedisBreakerStore, model
 from celery_resilience.breaker.model import BreakerState, Limits
+from celery_resilience.breaker.store import Delivery
+from celery_resilience.breaker.watch import parse_change
 from celery_resilience.config import BreakerConfig
 from tests.conftest import REDIS_URL, delete_prefix
 
 START = 1_700_000_000_000_000  # microseconds
+MAX_DELIVERIES = 2
 
 breaker_configs = st.builds(
     BreakerConfig,
@@ -53,25 +62,99 @@ class BreakerAgreement(RuleBasedStateMachine):
         self.name = uuid.uuid4().hex[:10]
         self.now = START
         self.permits: list[tuple[model.Kind, str]] = []
+        # The delivery questions, answered by the test itself: redeliveries and done task ids.
+        self.redeliveries: dict[tuple[str, int], int] = {}
+        self.done: set[str] = set()
+        # Every published view change: expected (from the model), and heard from each store.
+        self.expected_changes: list[tuple[int, str, bool]] = []
+        self.memory_changes: list[tuple[int, str, bool]] = []
+        self.memory_store.watch(self._memory_heard, lambda: None, lambda: None)
+        self.pubsub = self.client.pubsub()
+        self.pubsub.subscribe(self.redis_store.channel)
+        assert self.pubsub.get_message(timeout=5.0)["type"] == "subscribe"
+        self.version = 0
+
+    def _memory_heard(self, name: str, version: int, state: str, streak: bool) -> None:
+        if name == self.name:
+            self.memory_changes.append((version, state, streak))
+
+    def _check_view(self, expected: model.Decision | model.Change, *got: Any) -> None:
+        for result in got:
+            assert (result.version, result.streak) == (expected.version, expected.streak)
+        if expected.version != self.version:
+            self.version = expected.version
+            self.expected_changes.append((expected.version, expected.state, expected.streak))
+
+    def teardown(self) -> None:
+        heard: list[tuple[int, str, bool]] = []
+        deadline = time.monotonic() + 5.0
+        while len(heard) < len(self.expected_changes) and time.monotonic() < deadline:
+            message = self.pubsub.get_message(timeout=0.5)
+            if message and message["type"] == "message":
+                change = parse_change(message["data"])
+                assert change is not None
+                if change[0] == self.name:
+                    heard.append(change[1:])
+        extra = self.pubsub.get_message(timeout=0.002)
+        self.pubsub.close()
+        assert heard == self.expected_changes
+        assert extra is None or extra["type"] != "message"
+        assert self.memory_changes == self.expected_changes
 
     @initialize(cfg=breaker_configs)
     def configure(self, cfg: BreakerConfig) -> None:
         self.limits = Limits.of(cfg)
 
-    @rule(deferred=st.sampled_from([0, 0, 0, 1, 3]))
-    def acquire(self, deferred: int) -> None:
+    @rule(
+        deferred=st.sampled_from([0, 0, 0, 1, 3]),
+        task=st.sampled_from(["", "", "", "t1", "t2"]),
+        redelivered=st.booleans(),
+        check_done=st.booleans(),
+    )
+    def acquire(self, deferred: int, task: str, redelivered: bool, check_done: bool) -> None:
         permit_id = uuid.uuid4().hex
-        expected = model.acquire(self.state, self.limits, self.now, permit_id, deferred)
+        delivery = None
+        skip = ""
+        deliveries = 0
+        if task:  # a task's delivery: the redelivery count and the dedup marker ride along
+            delivery = Delivery(
+                task_id=task,
+                retries=0,
+                count=redelivered,
+                check_done=check_done,
+                ttl=3600,
+                max_deliveries=MAX_DELIVERIES,
+            )
+            if redelivered:
+                key = (task, 0)
+                self.redeliveries[key] = self.redeliveries.get(key, 0) + 1
+                deliveries = self.redeliveries[key] + 1
+            done = check_done and task in self.done
+            skip = delivery.skip(deliveries, done)
+        if skip:
+            expected = model.skip(self.state, self.limits, self.now, deferred)
+        else:
+            expected = model.acquire(self.state, self.limits, self.now, permit_id, deferred)
         got_redis = self.redis_store.acquire(
-            self.name, self.limits, permit_id, deferred, now_us=self.now
+            self.name, self.limits, permit_id, deferred, now_us=self.now, delivery=delivery
         )
-        got_memory = self.memory_store.acquire(self.name, self.limits, permit_id, deferred)
-        assert got_redis == expected
-        assert got_memory == expected
-        event(f"acquire: {expected.state} allowed={expected.allowed} {expected.transition}")
-        if expected.allowed:
+        got_memory = self.memory_store.acquire(
+            self.name, self.limits, permit_id, deferred, delivery=delivery
+        )
+        for got in (got_redis, got_memory):
+            assert (got.deliveries, got.skip) == (deliveries, skip)
+            assert dataclasses.replace(got, deliveries=0, skip="") == expected
+        self._check_view(expected, got_redis, got_memory)
+        event(f"acquire: {expected.state} allowed={expected.allowed} skip={skip!r}")
+        if expected.allowed and not skip:
             assert expected.kind is not None
             self.permits.append((expected.kind, permit_id))
+
+    @rule(task=st.sampled_from(["t1", "t2"]))
+    def mark_done(self, task: str) -> None:
+        self.redis_store.mark_done(self.name, task, 3600)
+        self.memory_store.mark_done(self.name, task, 3600)
+        self.done.add(task)
 
     @precondition(lambda self: self.permits)
     @rule(index=st.integers(0, 50), success=st.booleans(), deferred=st.sampled_from([0, 0, 2]))
@@ -81,9 +164,24 @@ class BreakerAgreement(RuleBasedStateMachine):
         expected = model.record(
             self.state, self.limits, self.now, kind, permit_id, success, deferred
         )
-        assert self.redis_store.record(self.name, *args, now_us=self.now) == expected
-        assert self.memory_store.record(self.name, *args) == expected
+        got_redis = self.redis_store.record(self.name, *args, now_us=self.now)
+        got_memory = self.memory_store.record(self.name, *args)
+        assert got_redis == expected
+        assert got_memory == expected
+        self._check_view(expected, got_redis, got_memory)
         event(f"record: {kind} -> {expected.transition}")
+
+    @precondition(lambda self: self.permits)
+    @rule(index=st.integers(0, 50), deferred=st.sampled_from([0, 0, 2]))
+    def release(self, index: int, deferred: int) -> None:
+        kind, permit_id = self.permits.pop(index % len(self.permits))
+        expected = model.release(self.state, self.limits, self.now, kind, permit_id, deferred)
+        args = (self.limits, kind, permit_id, deferred)
+        got_redis = self.redis_store.release(self.name, *args, now_us=self.now)
+        got_memory = self.memory_store.release(self.name, *args)
+        assert got_redis == expected
+        assert got_memory == expected
+        self._check_view(expected, got_redis, got_memory)
 
     @rule(step=st.sampled_from([1, 1_000, 100_000, 250_000, 600_000, 1_000_000, 4_000_000]))
     def advance(self, step: int) -> None:
@@ -92,8 +190,11 @@ class BreakerAgreement(RuleBasedStateMachine):
     @rule(action=st.sampled_from(["open", "closed", "reset", "reset", "reset"]))
     def force(self, action: model.Action) -> None:
         expected = model.force(self.state, action)
-        assert self.redis_store.force(self.name, self.limits, action, now_us=self.now) == expected
-        assert self.memory_store.force(self.name, self.limits, action) == expected
+        got_redis = self.redis_store.force(self.name, self.limits, action, now_us=self.now)
+        got_memory = self.memory_store.force(self.name, self.limits, action)
+        assert got_redis == expected
+        assert got_memory == expected
+        self._check_view(expected, got_redis, got_memory)
 
     @invariant()
     def snapshots_agree(self) -> None:

@@ -63,7 +63,7 @@ def checks(app: Celery) -> list[Finding]:
     try:
         return run_checks(res)
     finally:
-        res.redis.close()
+        res.close()
 
 
 def redis_findings(findings: list[Finding]) -> list[Finding]:
@@ -352,7 +352,7 @@ def test_checks_run_on_worker_ready_signal(
     try:
         worker_ready.send(sender=consumer)
     finally:
-        Resilience.for_app(app).redis.close()
+        Resilience.for_app(app).close()
     messages = [r.getMessage() for r in caplog.records if r.name == "celery_resilience.checks"]
     assert len(messages) == 1, messages
     assert "keeps nothing on disk" in messages[0]

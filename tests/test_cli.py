@@ -145,7 +145,7 @@ def cli(key_prefix: str, redis_url: str, redis_client: redis.Redis) -> Iterator[
     }
     world = Cli(env, redis_client)
     yield world
-    world.res.redis.close()
+    world.res.close()
 
 
 def _boom() -> ValueError:

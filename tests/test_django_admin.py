@@ -82,8 +82,7 @@ def make_resilience(
     with override_settings(CELERY_RESILIENCE_APP=f"{__name__}:APP"):
         yield make
     for instance in made:
-        if instance._client is not None:
-            instance._client.close()
+        instance.close()
         instance.app.close()
 
 

@@ -305,6 +305,5 @@ def test_an_app_on_the_django_store_drains_from_the_database(
         args = sorted(json.loads(base64.b64decode(m["body"]))[0][0] for m in sent)
         assert args == [0, 1, 2]
     finally:
-        if resilience._client is not None:
-            resilience._client.close()
+        resilience.close()
         app.close()

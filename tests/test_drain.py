@@ -128,8 +128,7 @@ def make_resilience(redis_url: str, key_prefix: str, queue: str) -> Iterator[Mak
 
     yield make
     for app, resilience in apps:
-        if resilience._client is not None:
-            resilience._client.close()
+        resilience.close()
         app.close()
 
 

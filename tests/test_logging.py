@@ -292,4 +292,4 @@ def test_redis_outage_and_recovery(key_prefix: str, caplog_all: pytest.LogCaptur
             assert [level for level, _ in lines] == ["ERROR", "WARNING"] * outage, lines
             assert lines[-2][1].startswith("Redis unreachable for breaker 'payments'")
             assert lines[-1] == ("WARNING", "Redis reachable again: breakers are shared once more")
-        res.redis.close()
+        res.close()

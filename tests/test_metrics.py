@@ -180,7 +180,7 @@ def world(key_prefix: str, redis_url: str, redis_client: redis.Redis) -> Iterato
         server.wait_ready()
         world = World(env, server)
         yield world
-        world.res.redis.close()
+        world.res.close()
     finally:
         server.stop()
 

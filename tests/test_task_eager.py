@@ -84,9 +84,7 @@ def _app(redis_url: str, key_prefix: str, settings: dict[str, Any]) -> Celery:
 
 def _close(apps: list[Celery]) -> None:
     for app in apps:
-        client = Resilience.for_app(app)._client
-        if client is not None:
-            client.close()
+        Resilience.for_app(app).close()
 
 
 @pytest.fixture(params=["redis", "memory"])

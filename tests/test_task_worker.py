@@ -159,7 +159,7 @@ class World:
                 channel.queue_delete(self.queue)
                 channel.exchange_delete(self.queue)
         self.app.close()
-        self.resilience.redis.close()
+        self.resilience.close()
         self.redis.close()
 
 

@@ -1,8 +1,9 @@
 """The breaker as callers see it: permits, ``call()``, operator orders, and the Redis policy.
 
 The protocol is Resilience4j's: acquire a permit, run the call with nothing held, record the
-outcome. On the success path of a closed breaker the record is deferred and rides with this
-process's next acquire (or failure), so a steady stream of successes costs one round trip each.
+outcome. On a closed breaker that the process knows for sure (``views.py``) the permit costs no
+round trip, and successes are counted in the process and sent at most once a second, or at once
+when they end a streak of failures; a failure is always recorded at once.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from ..errors import BreakerOpen, StoreUnavailable
 from ..redact import get_logger
 from .model import STATES, Action, Change, Kind, Limits, Skip, State, Transition
 from .store import BreakerStore, Delivery
+from .views import Views
 
 logger = get_logger("celery_resilience.breaker")
 
@@ -85,19 +87,22 @@ class Permit:
 
     __slots__ = ("_done", "breaker", "kind", "permit_id", "started")
 
-    def __init__(self, breaker: Breaker, kind: Kind | None, permit_id: str) -> None:
+    def __init__(self, breaker: Breaker, kind: Kind | None, permit_id: str = "") -> None:
         self.breaker = breaker
         self.kind = kind  # None: Redis was down and fail_open let the call through unrecorded
-        self.permit_id = permit_id
-        self.started = time.monotonic()
+        self.permit_id = permit_id  # a probe's lease; "" for a normal permit
+        # Timed only where a slow call counts as a failure: a clock read less per call.
+        self.started = time.monotonic() if breaker.slow is not None else 0.0
         self._done = False
 
     def success(self) -> None:
         """The call succeeded (a call slower than ``slow_call_seconds`` counts as a failure)."""
         if self._finish():
-            elapsed = time.monotonic() - self.started
-            slow = self.breaker.config.slow_call_seconds
-            self.breaker._record(self, "success" if slow is None or elapsed <= slow else "failure")
+            slow = self.breaker.slow
+            if slow is not None and time.monotonic() - self.started > slow:
+                self.breaker._record(self, "failure")
+            else:
+                self.breaker._record(self, "success")
 
     def failure(self) -> None:
         """The call failed: recorded at once (it may trip the breaker)."""
@@ -149,12 +154,15 @@ class Breaker:
         store: Callable[[], BreakerStore],
         health: RedisHealth,
         listeners: list[TransitionListener] | None = None,
+        views: Views | None = None,
     ) -> None:
         self.name = name
         self.config = config
+        self.slow = config.slow_call_seconds
         self.limits = Limits.of(config)
         self._store = store
         self._health = health
+        self._views = views if views is not None else Views(store)
         self.listeners = listeners if listeners is not None else []
         self._lock = threading.Lock()
         self._deferred = 0
@@ -174,10 +182,16 @@ class Breaker:
         return admission.permit
 
     def admit(self, delivery: Delivery | None = None) -> Admission:
-        """``acquire`` without raising, answering the task-level ``delivery`` questions too."""
+        """``acquire`` without raising, answering the task-level ``delivery`` questions too.
+
+        A closed breaker that this process knows for sure (see ``views.py``) admits without a
+        round trip; anything else asks Redis, and the answer teaches the process again.
+        """
+        if delivery is None and self._views.admits(self.name) is not None:
+            return Admission(Permit(self, "normal"), None)
+        generation = self._views.start()
         permit_id = uuid.uuid4().hex
-        # Deferred successes ride along once per FLUSH_INTERVAL: an admission that carries none
-        # is the script's cheapest path (it reads one field of the state).
+        # Deferred successes ride along once per FLUSH_INTERVAL.
         deferred = self._take_deferred() if self._flush_due() else 0
         try:
             decision = self._store().acquire(
@@ -185,11 +199,12 @@ class Breaker:
             )
         except redis.RedisError as exc:
             self._return_deferred(deferred)
-            self._health.failed(self.name, exc)
+            self._unreachable(exc)
             if self._health.policy == "fail_closed":
                 return Admission(None, BreakerOpen(self.name, "unavailable"))
             return Admission(Permit(self, None, permit_id), None)
         self._health.ok()
+        self._views.learn(self.name, decision.version, decision.state, decision.streak, generation)
         if decision.transition:
             self._announce(decision.transition, decision.state)
         if decision.skip:
@@ -207,12 +222,14 @@ class Breaker:
 
     def _record(self, permit: Permit, outcome: Outcome) -> None:
         assert permit.kind is not None
-        if outcome == "success" and permit.kind == "normal" and not self._flush_due():
+        if outcome == "success" and permit.kind == "normal" and self._may_defer():
             with self._lock:
                 self._forget_inherited()
                 self._deferred += 1
             return
-        # A failure (or a due flush) carries this process's deferred successes first.
+        # A failure, a success that ends a streak, or a due flush: sent now, with this
+        # process's deferred successes first.
+        generation = self._views.start()
         deferred = self._take_deferred()
         store = self._store()
         try:
@@ -231,11 +248,22 @@ class Breaker:
                 )
         except redis.RedisError as exc:
             self._return_deferred(deferred)  # they still happened: the next record carries them
-            self._health.failed(self.name, exc)
+            self._unreachable(exc)
             return
         self._health.ok()
+        self._views.learn(self.name, change.version, change.state, change.streak, generation)
         if change.transition:
             self._announce(change.transition, change.state)
+
+    def _may_defer(self) -> bool:
+        """A success may wait for the next flush only if it ends no streak of failures (known
+        for sure: a closed breaker without one) and no flush is due."""
+        view = self._views.admits(self.name)
+        return view is not None and not view.streak and not self._flush_due()
+
+    def _unreachable(self, exc: redis.RedisError) -> None:
+        self._views.forget()  # whatever happens meanwhile, this process won't hear of it
+        self._health.failed(self.name, exc)
 
     def _flush_due(self) -> bool:
         return time.monotonic() - self._last_flush >= FLUSH_INTERVAL
@@ -261,11 +289,11 @@ class Breaker:
         deferred = self._take_deferred()
         if deferred:
             try:
-                # The last deferred success is sent as the record itself.
-                self._store().record(self.name, self.limits, "normal", "", True, deferred - 1)
+                # Sent as deferred, with nothing else: they end no streak (see _may_defer).
+                self._store().release(self.name, self.limits, "normal", "", deferred)
             except redis.RedisError as exc:
                 self._return_deferred(deferred)
-                self._health.failed(self.name, exc)
+                self._unreachable(exc)
 
     # -- looking and steering -----------------------------------------------------------
     @property
@@ -293,8 +321,10 @@ class Breaker:
         self._force("reset")
 
     def _force(self, action: Action) -> Change:
+        generation = self._views.start()
         with _store_errors():
             change = self._store().force(self.name, self.limits, action)
+        self._views.learn(self.name, change.version, change.state, change.streak, generation)
         if change.transition:
             self._announce(change.transition, change.state)
         return change

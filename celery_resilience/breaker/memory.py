@@ -9,10 +9,13 @@ import dataclasses
 import threading
 import time
 from collections.abc import Callable
+from typing import TypeVar
 
 from . import model
 from .model import Action, BreakerState, Change, Decision, Kind, Limits, Skip
-from .store import Delivery
+from .store import ChangeListener, Delivery, Watch
+
+R = TypeVar("R", Decision, Change)
 
 
 def _wall_clock_us() -> int:
@@ -28,6 +31,8 @@ class MemoryBreakerStore:
         self._states: dict[str, BreakerState] = {}
         self._deliveries: dict[tuple[str | None, str, int, int], int] = {}
         self._done: dict[tuple[str | None, str], int] = {}  # -> expiry (µs)
+        self._listeners: list[ChangeListener] = []
+        self._seen: dict[str, int] = {}  # breaker -> the last version published
 
     def _state(self, name: str) -> BreakerState:
         return self._states.setdefault(name, BreakerState())
@@ -49,10 +54,12 @@ class MemoryBreakerStore:
             now = self._now(now_us)
             deliveries, skip = self._deliver(name, delivery, now) if delivery else (0, "")
             if skip:  # no permit: the task is skipped, but the deferred successes count
-                model.apply_deferred(state, limits, now, deferred_successes)
-                return Decision(False, None, state.state, None, None, deliveries, skip)
-            decision = model.acquire(state, limits, now, permit_id, deferred_successes)
-            return dataclasses.replace(decision, deliveries=deliveries)
+                decision = model.skip(state, limits, now, deferred_successes)
+            else:
+                decision = model.acquire(state, limits, now, permit_id, deferred_successes)
+            return self._publish(
+                name, dataclasses.replace(decision, deliveries=deliveries, skip=skip)
+            )
 
     def _deliver(self, scope: str | None, delivery: Delivery, now: int) -> tuple[int, Skip]:
         deliveries = 0
@@ -84,7 +91,8 @@ class MemoryBreakerStore:
         with self._lock:
             state = self._state(name)
             now = self._now(now_us)
-            return model.record(state, limits, now, kind, permit_id, success, deferred_successes)
+            change = model.record(state, limits, now, kind, permit_id, success, deferred_successes)
+            return self._publish(name, change)
 
     def release(
         self,
@@ -98,16 +106,45 @@ class MemoryBreakerStore:
         with self._lock:
             state = self._state(name)
             now = self._now(now_us)
-            return model.release(state, limits, now, kind, permit_id, deferred_successes)
+            change = model.release(state, limits, now, kind, permit_id, deferred_successes)
+            return self._publish(name, change)
 
     def force(self, name: str, limits: Limits, action: Action, now_us: int | None = None) -> Change:
         with self._lock:
-            return model.force(self._state(name), action)
+            return self._publish(name, model.force(self._state(name), action))
 
     def snapshot(self, name: str, limits: Limits, now_us: int | None = None) -> dict[str, object]:
         with self._lock:
             return model.snapshot(self._state(name), limits, self._now(now_us))
 
+    def watch(
+        self, on_change: ChangeListener, on_live: Callable[[], None], on_lost: Callable[[], None]
+    ) -> Watch:
+        """In one process every change is seen as it is made: the feed is live at once."""
+        with self._lock:
+            self._listeners.append(on_change)
+        on_live()
+        return _MemoryWatch(self, on_change)
+
+    def _publish(self, name: str, result: R) -> R:
+        """Tell the watchers of a change of view (called with the lock held, as Redis does)."""
+        state = self._states[name]
+        if state.version != self._seen.get(name, 0):
+            self._seen[name] = state.version
+            for listener in list(self._listeners):
+                listener(name, result.version, result.state, result.streak)
+        return result
+
     def names(self) -> set[str]:
         with self._lock:
             return set(self._states)
+
+
+class _MemoryWatch:
+    def __init__(self, store: MemoryBreakerStore, listener: ChangeListener) -> None:
+        self.store, self.listener = store, listener
+
+    def close(self) -> None:
+        with self.store._lock:
+            if self.listener in self.store._listeners:
+                self.store._listeners.remove(self.listener)

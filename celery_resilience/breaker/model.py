@@ -20,8 +20,9 @@ probe); until then a late result of the old probe still decides, as it is real e
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, TypeVar
 
 from ..config import BreakerConfig
 
@@ -110,6 +111,8 @@ class BreakerState:
     bucket_calls: list[int] = field(default_factory=lambda: [0] * BUCKETS)
     bucket_failures: list[int] = field(default_factory=lambda: [0] * BUCKETS)
     totals: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TOTALS, 0))
+    #: Bumped whenever what a process may cache changes (see :func:`view`).
+    version: int = 0
 
 
 @dataclass(frozen=True)
@@ -127,14 +130,38 @@ class Decision:
     transition: Transition | None
     deliveries: int = 0
     skip: Skip = ""
+    # The view after the call (see :func:`view`): what it means for caching, not the decision.
+    version: int = field(default=0, compare=False)
+    streak: bool = field(default=False, compare=False)
 
 
 @dataclass(frozen=True)
 class Change:
-    """The answer to ``record`` and ``force``: the resulting state and this call's transition."""
+    """The answer to ``record``, ``release`` and ``force``: the resulting state, this call's
+    transition, and the view's version and streak after it (see :func:`view`)."""
 
     state: State
     transition: Transition | None
+    version: int = field(default=0, compare=False)
+    streak: bool = field(default=False, compare=False)
+
+
+def view(s: BreakerState) -> tuple[State, bool]:
+    """What a process may cache between round trips: the state, and whether a streak of failures
+    is running (``consecutive_failures > 0``: then a success must be recorded at once, since it
+    ends the streak). Every operation that changes it bumps ``version`` and, in Redis, publishes
+    the new view: that is how every process learns of a transition within one round trip."""
+    return s.state, s.consecutive_failures > 0
+
+
+R = TypeVar("R", Decision, Change)
+
+
+def _observed(s: BreakerState, before: tuple[State, bool], result: R) -> R:
+    after = view(s)
+    if after != before:
+        s.version += 1
+    return dataclasses.replace(result, version=s.version, streak=after[1])
 
 
 def window_counts(s: BreakerState, lim: Limits, now: int) -> tuple[int, int]:
@@ -189,7 +216,7 @@ def _count(s: BreakerState, calls: int, failures: int) -> None:
     s.totals["successes_total"] += calls - failures
 
 
-def acquire(
+def _acquire(
     s: BreakerState, lim: Limits, now: int, permit_id: str, deferred_successes: int = 0
 ) -> Decision:
     """Ask for a permit; ``deferred_successes`` are normal successes recorded first."""
@@ -232,7 +259,7 @@ def apply_deferred(s: BreakerState, lim: Limits, now: int, successes: int) -> No
             _add_to_window(s, lim, now, successes, 0)
 
 
-def record(
+def _record(
     s: BreakerState,
     lim: Limits,
     now: int,
@@ -270,7 +297,7 @@ def record(
     return Change(s.state, None)
 
 
-def release(
+def _release(
     s: BreakerState,
     lim: Limits,
     now: int,
@@ -286,6 +313,56 @@ def release(
     return Change(s.state, None)
 
 
+def acquire(
+    s: BreakerState, lim: Limits, now: int, permit_id: str, deferred_successes: int = 0
+) -> Decision:
+    """Ask for a permit; ``deferred_successes`` are normal successes recorded first."""
+    before = view(s)
+    return _observed(s, before, _acquire(s, lim, now, permit_id, deferred_successes))
+
+
+def record(
+    s: BreakerState,
+    lim: Limits,
+    now: int,
+    kind: Kind,
+    permit_id: str,
+    success: bool,
+    deferred_successes: int = 0,
+) -> Change:
+    """Record the outcome of a permitted call, after this process's deferred successes."""
+    before = view(s)
+    return _observed(s, before, _record(s, lim, now, kind, permit_id, success, deferred_successes))
+
+
+def release(
+    s: BreakerState,
+    lim: Limits,
+    now: int,
+    kind: Kind,
+    permit_id: str,
+    deferred_successes: int = 0,
+) -> Change:
+    """Give a permit back unjudged (the call ended in the caller's own error): nothing is counted,
+    and a probe's slot is freed at once instead of when its lease runs out."""
+    before = view(s)
+    return _observed(s, before, _release(s, lim, now, kind, permit_id, deferred_successes))
+
+
+def force(s: BreakerState, action: Action) -> Change:
+    """An operator's order: hold open, hold closed, or reset to a fresh closed breaker."""
+    before = view(s)
+    return _observed(s, before, _force(s, action))
+
+
+def skip(s: BreakerState, lim: Limits, now: int, deferred_successes: int = 0) -> Decision:
+    """A delivery skipped before any permit (``deduplicate``, a redelivery past the limit):
+    only this process's deferred successes are recorded."""
+    before = view(s)
+    apply_deferred(s, lim, now, deferred_successes)
+    return _observed(s, before, Decision(False, None, s.state, None, None))
+
+
 def _should_trip(s: BreakerState, lim: Limits, now: int) -> bool:
     if s.consecutive_failures >= lim.failure_threshold:
         return True
@@ -295,7 +372,7 @@ def _should_trip(s: BreakerState, lim: Limits, now: int) -> bool:
     return calls >= lim.minimum_calls and failures / calls >= lim.failure_rate_threshold
 
 
-def force(s: BreakerState, action: Action) -> Change:
+def _force(s: BreakerState, action: Action) -> Change:
     """An operator's order: hold open, hold closed, or reset to a fresh closed breaker."""
     if action == "reset":
         _clear_counts(s)

@@ -12,19 +12,24 @@ key                                            type  holds
 ``{<tag>}:done:<task id>``                     str   the task id succeeded (``deduplicate``)
 =============================================  ====  =========================================
 
+Channel ``<prefix>:breaker-changes``: every change of a breaker's view (its state, and whether a
+failure streak runs) is published there by the script that made it (see ``lua/_common.lua``).
+
 ``<tag>`` is the breaker's tag, so the acquire script can touch them, or ``<prefix>:tasks``
 for tasks without a breaker.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from importlib import resources
 from typing import Any, cast
 
 import redis
 
 from .model import Action, Change, Decision, Kind, Limits, Skip, State, Transition
-from .store import Delivery
+from .store import ChangeListener, Delivery, Watch
+from .watch import RedisWatch
 
 _INT_FIELDS = ("opened_at", "open_until")
 
@@ -44,6 +49,8 @@ class RedisBreakerStore:
     def __init__(self, client: redis.Redis, prefix: str = "resilience") -> None:
         self.client = client
         self.prefix = prefix
+        #: Where the scripts publish every change of a breaker's view (one per key prefix).
+        self.channel = f"{prefix}:breaker-changes"
         self._acquire = client.register_script(_load_script("acquire"))
         self._record = client.register_script(_load_script("record"))
         self._release = client.register_script(_load_script("release"))
@@ -80,6 +87,10 @@ class RedisBreakerStore:
             n.decode() for n in cast(set[bytes], self.client.smembers(f"{self.prefix}:breakers"))
         }
 
+    def _argv(self, name: str, limits: Limits, now_us: int | None) -> list[int | float | str]:
+        """The prelude's arguments (``lua/_common.lua``): time, limits, name, channel."""
+        return [_now(now_us), *limits.argv(), name, self.channel]
+
     def acquire(
         self,
         name: str,
@@ -98,9 +109,9 @@ class RedisBreakerStore:
             keys += [counter, marker] if delivery.check_done else [counter] * delivery.count
             ttl = delivery.ttl if delivery.count else 0
             max_deliveries = delivery.max_deliveries
-        argv = [_now(now_us), *limits.argv(), permit_id, deferred_successes, ttl, max_deliveries]
-        reply = self._acquire(keys, argv)
-        allowed, kind, state, retry_after, transition, deliveries, skip = reply
+        argv = [*self._argv(name, limits, now_us), permit_id, deferred_successes, ttl]
+        reply = self._acquire(keys, [*argv, max_deliveries])
+        allowed, kind, state, retry_after, transition, deliveries, skip, version, streak = reply
         return Decision(
             allowed=bool(allowed),
             kind=cast(Kind, kind.decode()) if kind else None,
@@ -109,6 +120,8 @@ class RedisBreakerStore:
             transition=_transition(transition),
             deliveries=int(deliveries),
             skip=cast(Skip, skip.decode()),
+            version=int(version),
+            streak=bool(streak),
         )
 
     def deliver(self, scope: str | None, delivery: Delivery) -> tuple[int, Skip]:
@@ -137,9 +150,8 @@ class RedisBreakerStore:
         now_us: int | None = None,
     ) -> Change:
         outcome = "1" if success else "0"
-        argv = [_now(now_us), *limits.argv(), kind, permit_id, outcome, deferred_successes]
-        state, transition = self._record(self.keys(name), argv)
-        return Change(cast(State, state.decode()), _transition(transition))
+        argv = [*self._argv(name, limits, now_us), kind, permit_id, outcome, deferred_successes]
+        return _change(self._record(self.keys(name), argv))
 
     def release(
         self,
@@ -150,23 +162,27 @@ class RedisBreakerStore:
         deferred_successes: int = 0,
         now_us: int | None = None,
     ) -> Change:
-        argv = [_now(now_us), *limits.argv(), kind, permit_id, deferred_successes]
-        state, transition = self._release(self.keys(name), argv)
-        return Change(cast(State, state.decode()), _transition(transition))
+        argv = [*self._argv(name, limits, now_us), kind, permit_id, deferred_successes]
+        return _change(self._release(self.keys(name), argv))
 
     def force(self, name: str, limits: Limits, action: Action, now_us: int | None = None) -> Change:
         self._remember(name)
-        state, transition = self._force(self.keys(name), [_now(now_us), *limits.argv(), action])
-        return Change(cast(State, state.decode()), _transition(transition))
+        return _change(self._force(self.keys(name), [*self._argv(name, limits, now_us), action]))
 
     def snapshot(self, name: str, limits: Limits, now_us: int | None = None) -> dict[str, object]:
-        flat = self._snapshot(self.keys(name), [_now(now_us), *limits.argv()])
+        flat = self._snapshot(self.keys(name), self._argv(name, limits, now_us))
         out: dict[str, Any] = {}
         for field, value in zip(flat[::2], flat[1::2], strict=True):
             out[field.decode()] = value.decode() if isinstance(value, bytes) else value
         for field in _INT_FIELDS:
             out[field] = out[field] / 1_000_000 if out[field] else None
         return out
+
+    def watch(
+        self, on_change: ChangeListener, on_live: Callable[[], None], on_lost: Callable[[], None]
+    ) -> Watch:
+        """Every view change the scripts publish, from a thread of this process."""
+        return RedisWatch(self.client, self.channel, on_change, on_live, on_lost)
 
 
 def _now(now_us: int | None) -> int | str:
@@ -175,3 +191,8 @@ def _now(now_us: int | None) -> int | str:
 
 def _transition(raw: bytes) -> Transition | None:
     return cast(Transition, raw.decode()) if raw else None
+
+
+def _change(reply: list[Any]) -> Change:
+    state, transition, version, streak = reply
+    return Change(cast(State, state.decode()), _transition(transition), int(version), bool(streak))

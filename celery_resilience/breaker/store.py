@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from .model import Action, Change, Decision, Kind, Limits, Skip
+from .model import Action, Change, Decision, Kind, Limits, Skip, State
+
+#: Called with (breaker name, version, state, streak) for every change of a breaker's view.
+ChangeListener = Callable[[str, int, State, bool], None]
+
+
+class Watch(Protocol):
+    """A live feed of view changes (see ``BreakerStore.watch``)."""
+
+    def close(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -84,4 +94,15 @@ class BreakerStore(Protocol):
 
     def mark_done(self, scope: str | None, task_id: str, ttl: int) -> None:
         """Remember that ``task_id`` succeeded, for ``ttl`` seconds."""
+        ...
+
+    def watch(
+        self, on_change: ChangeListener, on_live: Callable[[], None], on_lost: Callable[[], None]
+    ) -> Watch:
+        """Feed every view change of every breaker to ``on_change``, from now on.
+
+        ``on_live`` is called once no change can be missed any more (a subscription confirmed),
+        ``on_lost`` when some may have been (the feed's connection dropped): until the next
+        ``on_live``, what a process heard is not to be trusted.
+        """
         ...

@@ -129,6 +129,7 @@ def resilience_factory(
     for app, previous, resilience in reversed(made):
         if not resilience.config.in_memory:
             delete_prefix(resilience.redis, resilience.config.key_prefix)
+        resilience.close()
         if previous is None:
             forget(app)
         else:

@@ -2,11 +2,15 @@
 -- It mirrors celery_resilience/breaker/model.py, the specification; keep the two in step.
 --
 -- KEYS[1]  {prefix:breaker:NAME}:state   hash: state, consec, opened_at, open_until, trips,
---                                         ho_succ, *_total counters, be/bc/bf<slot> buckets
+--                                         ho_succ, ver, *_total counters, be/bc/bf<slot> buckets
 -- KEYS[2]  {prefix:breaker:NAME}:probes  zset: probe permit id -> lease expiry (microseconds)
 -- ARGV[1]  now in microseconds, or "" to read Redis TIME (a pinned time is for tests only)
 -- ARGV[2..9] limits: failure_threshold, failure_rate_threshold (0 = off), minimum_calls,
 --          window_us, open_timeout_us, open_timeout_max_us, half_open_max_calls, probe_lease_us
+-- ARGV[10] the breaker's name;  ARGV[11] the channel its changes are published on
+-- The view (model.view: the state, and whether a streak of failures runs) is what processes
+-- cache between round trips: a script that changes it bumps ``ver`` and publishes
+-- "<ver>|<state>|<streak 0|1>|<name>" on ARGV[11], so every process learns of it at once.
 -- Times are integer microseconds: Lua numbers are doubles, exact below 2^53. Numbers are passed
 -- to redis.call as numbers, never concatenated (tostring keeps only 14 digits).
 
@@ -34,7 +38,7 @@ lim.bucket_us = math.max(1, math.floor(lim.window_us / BUCKETS))
 -- when the window is touched (a closed breaker's admission reads one field of ~40).
 -- put() records which fields to write back.
 local h, dirty, loaded = {}, {}, {}
-local SCALARS = {'state', 'consec', 'opened_at', 'open_until', 'trips', 'ho_succ'}
+local SCALARS = {'state', 'consec', 'opened_at', 'open_until', 'trips', 'ho_succ', 'ver'}
 local function load(fields)
   local missing = {}
   for _, field in ipairs(fields) do
@@ -53,11 +57,20 @@ local function num(field, default) return tonumber(get(field)) or default or 0 e
 local function put(field, value) h[field] = value; dirty[field] = true; loaded[field] = true end
 local function incr(field, by) put(field, num(field) + by) end
 local function state() return h.state or 'closed' end
+local function streak() return num('consec') > 0 and 1 or 0 end
+local function view() return state() .. '|' .. streak() end
+local viewed = view()
 
+-- Writes what changed, and publishes the view when it changed (once per script: save is last).
 local function save()
+  local changed = view() ~= viewed
+  if changed then put('ver', num('ver') + 1); viewed = view() end
   local args = {}
   for field in pairs(dirty) do args[#args + 1] = field; args[#args + 1] = h[field] end
   if #args > 0 then redis.call('HSET', STATE_KEY, unpack(args)) end
+  if changed then
+    redis.call('PUBLISH', ARGV[11], num('ver') .. '|' .. view() .. '|' .. ARGV[10])
+  end
 end
 
 local function window_counts()

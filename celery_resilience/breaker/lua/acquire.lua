@@ -1,49 +1,49 @@
 -- acquire: ask for a permit (model.acquire). One call per task delivery.
--- KEYS[1], KEYS[2], ARGV[1..9]: see _common.lua
--- ARGV[10] permit id (used when a half-open probe is granted)
--- ARGV[11] deferred successes: normal successes of this process, recorded before deciding
--- ARGV[12] TTL (seconds) of the redelivery counter; 0: KEYS[3] is there only for KEYS[4]
+-- KEYS[1], KEYS[2], ARGV[1..11]: see _common.lua
+-- ARGV[12] permit id (used when a half-open probe is granted)
+-- ARGV[13] deferred successes: normal successes of this process, recorded before deciding
+-- ARGV[14] TTL (seconds) of the redelivery counter; 0: KEYS[3] is there only for KEYS[4]
 --          (a first delivery, or a task without acks_late): nothing is counted
--- ARGV[13] deliveries allowed per message (0 = no limit): past it, no permit is taken
+-- ARGV[15] deliveries allowed per message (0 = no limit): past it, no permit is taken
 -- KEYS[3] optional: redelivery counter of this message, {..}:delivery:<task id>:<retries>:<replays>
 --         (given only for a redelivery: deliveries = its count + 1, the first never counted)
 -- KEYS[4] optional: success marker of this task id, {..}:done:<task id> (deduplicate=True)
 -- Returns {allowed 0|1, kind "normal"|"probe"|"", state, retry_after_us (-1 = unknown),
 --          transition this call made or "", deliveries of this message (0 = not counted),
---          skip: "" | "done" (the task id already succeeded) | "redelivered" (past ARGV[13]);
---          when skip is set no permit was taken}
+--          skip: "" | "done" (the task id already succeeded) | "redelivered" (past ARGV[15]);
+--          when skip is set no permit was taken, version of the view, streak 0|1}
 
-local permit_id = ARGV[10]
-apply_deferred(tonumber(ARGV[11]))
+local permit_id = ARGV[12]
+apply_deferred(tonumber(ARGV[13]))
 
-local deliveries, max_deliveries = 0, tonumber(ARGV[13])
-if KEYS[3] and ARGV[12] ~= '0' then
+local deliveries, max_deliveries = 0, tonumber(ARGV[15])
+if KEYS[3] and ARGV[14] ~= '0' then
   deliveries = redis.call('INCR', KEYS[3]) + 1
-  redis.call('EXPIRE', KEYS[3], ARGV[12])
+  redis.call('EXPIRE', KEYS[3], ARGV[14])
 end
 if KEYS[4] and redis.call('EXISTS', KEYS[4]) == 1 then
   save()
-  return {0, '', state(), -1, '', deliveries, 'done'}
+  return {0, '', state(), -1, '', deliveries, 'done', num('ver'), streak()}
 end
 if max_deliveries > 0 and deliveries > max_deliveries then
   save()
-  return {0, '', state(), -1, '', deliveries, 'redelivered'}
+  return {0, '', state(), -1, '', deliveries, 'redelivered', num('ver'), streak()}
 end
 
 local transition = ''
 local s = state()
 if s == 'closed' or s == 'forced_closed' then
   save()
-  return {1, 'normal', s, -1, '', deliveries, ''}
+  return {1, 'normal', s, -1, '', deliveries, '', num('ver'), streak()}
 end
 if s == 'forced_open' then
   incr('rejected_total', 1); save()
-  return {0, '', s, -1, '', deliveries, ''}
+  return {0, '', s, -1, '', deliveries, '', num('ver'), streak()}
 end
 if s == 'open' then
   if now < num('open_until') then
     incr('rejected_total', 1); save()
-    return {0, '', s, num('open_until') - now, '', deliveries, ''}
+    return {0, '', s, num('open_until') - now, '', deliveries, '', num('ver'), streak()}
   end
   put('state', 'half_open'); put('ho_succ', 0)
   redis.call('DEL', PROBES_KEY)
@@ -56,7 +56,7 @@ redis.call('ZREMRANGEBYSCORE', PROBES_KEY, '-inf', now)
 if redis.call('ZCARD', PROBES_KEY) < lim.half_open_max_calls then
   redis.call('ZADD', PROBES_KEY, now + lim.probe_lease_us, permit_id)
   save()
-  return {1, 'probe', 'half_open', -1, transition, deliveries, ''}
+  return {1, 'probe', 'half_open', -1, transition, deliveries, '', num('ver'), streak()}
 end
 incr('rejected_total', 1); save()
-return {0, '', 'half_open', lim.open_timeout_us, transition, deliveries, ''}
+return {0, '', 'half_open', lim.open_timeout_us, transition, deliveries, '', num('ver'), streak()}

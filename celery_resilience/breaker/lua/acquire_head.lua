@@ -1,9 +1,10 @@
 -- acquire, fast path (runs before the shared prelude): a closed breaker, nothing deferred to
--- record and no delivery questions changes nothing, so one HGET answers it. Same answer as
+-- record and no delivery questions changes nothing, so one HMGET answers it. Same answer as
 -- the full path below (model.acquire); it only skips reading the clock and the other fields.
-if ARGV[11] == '0' and KEYS[3] == nil then
-  local fast = redis.call('HGET', KEYS[1], 'state')
-  if not fast or fast == 'closed' or fast == 'forced_closed' then
-    return {1, 'normal', fast or 'closed', -1, '', 0, ''}
+if ARGV[13] == '0' and KEYS[3] == nil then
+  local fast = redis.call('HMGET', KEYS[1], 'state', 'ver', 'consec')
+  if not fast[1] or fast[1] == 'closed' or fast[1] == 'forced_closed' then
+    local streak = (tonumber(fast[3]) or 0) > 0 and 1 or 0
+    return {1, 'normal', fast[1] or 'closed', -1, '', 0, '', tonumber(fast[2]) or 0, streak}
   end
 end

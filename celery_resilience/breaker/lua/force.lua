@@ -1,18 +1,19 @@
 -- force: an operator's order (model.force): hold open, hold closed, or reset.
--- KEYS[1], KEYS[2], ARGV[1..9]: see _common.lua
--- ARGV[10] action "open" | "closed" | "reset"
--- Returns {state, transition this call made or ""}. Counters (*_total) survive a reset.
+-- KEYS[1], KEYS[2], ARGV[1..11]: see _common.lua
+-- ARGV[12] action "open" | "closed" | "reset"
+-- Returns {state, transition this call made or "", version of the view, streak 0|1}.
+-- Counters (*_total) survive a reset.
 
-local action = ARGV[10]
+local action = ARGV[12]
 if action == 'reset' then
   clear_counts()
   put('state', 'closed'); put('trips', 0); put('opened_at', 0); put('open_until', 0)
   save()
-  return {'closed', 'reset'}
+  return {'closed', 'reset', num('ver'), streak()}
 end
 local target = (action == 'open') and 'forced_open' or 'forced_closed'
-if state() == target then return {target, ''} end
+if state() == target then return {target, '', num('ver'), streak()} end
 redis.call('DEL', PROBES_KEY)
 put('ho_succ', 0); put('state', target)
 save()
-return {target, target}
+return {target, target, num('ver'), streak()}

@@ -1,12 +1,13 @@
 -- record: the outcome of a permitted call (model.record).
--- KEYS[1], KEYS[2], ARGV[1..9]: see _common.lua
--- ARGV[10] kind "normal" | "probe";  ARGV[11] permit id;  ARGV[12] "1" success | "0" failure
--- ARGV[13] deferred successes of this process, recorded first
--- Returns {state, transition this call made or ""}: exactly one caller sees each "opened".
+-- KEYS[1], KEYS[2], ARGV[1..11]: see _common.lua
+-- ARGV[12] kind "normal" | "probe";  ARGV[13] permit id;  ARGV[14] "1" success | "0" failure
+-- ARGV[15] deferred successes of this process, recorded first
+-- Returns {state, transition this call made or "", version of the view, streak 0|1}: exactly
+-- one caller sees each "opened".
 
-local kind, permit_id, success = ARGV[10], ARGV[11], ARGV[12] == '1'
+local kind, permit_id, success = ARGV[12], ARGV[13], ARGV[14] == '1'
 local failures = success and 0 or 1
-apply_deferred(tonumber(ARGV[13]))
+apply_deferred(tonumber(ARGV[15]))
 count(1, failures)
 
 local transition = ''
@@ -37,4 +38,4 @@ elseif s == 'closed' or s == 'forced_closed' then
   end
 end
 save()
-return {state(), transition}
+return {state(), transition, num('ver'), streak()}

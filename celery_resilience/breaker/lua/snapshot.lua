@@ -1,5 +1,5 @@
 -- snapshot: a read-only view (model.snapshot); writes nothing.
--- KEYS[1], KEYS[2], ARGV[1..9]: see _common.lua
+-- KEYS[1], KEYS[2], ARGV[1..11]: see _common.lua
 -- Returns a flat list {field, value, ...}; times in microseconds (0 = never), an open breaker
 -- whose timeout has passed reads as half_open.
 

@@ -1,0 +1,131 @@
+"""How a process hears of every breaker change: a thread subscribed to the scripts' channel.
+
+The scripts publish ``<version>|<state>|<streak>|<name>`` whenever they change a breaker's view
+(``lua/_common.lua``). While the subscription is live, a process may trust what it last heard
+and admit calls on a closed breaker without a round trip; the moment the subscription may have
+missed something (the connection dropped, a PING went unanswered) it says so, and the process
+asks Redis again until it is live once more.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from typing import Any, cast
+
+import redis
+
+from ..redact import get_logger
+from .model import STATES, State
+from .store import ChangeListener
+
+logger = get_logger("celery_resilience.watch")
+
+#: Seconds of silence after which the subscription's connection is checked with a PING.
+HEARTBEAT = 1.0
+#: Seconds to wait before subscribing again after the connection was lost.
+RETRY_DELAY = 0.5
+
+
+class _Gone(Exception):
+    """The owner of the callbacks was collected."""
+
+
+def _weak(callback: Callable[..., None]) -> Callable[[], Callable[..., None] | None]:
+    if inspect.ismethod(callback):
+        return weakref.WeakMethod(callback)
+    return lambda: callback
+
+
+def parse_change(data: bytes | str) -> tuple[str, int, State, bool] | None:
+    """``(name, version, state, streak)`` of a published change, or ``None`` if malformed."""
+    text = data.decode() if isinstance(data, bytes) else data
+    parts = text.split("|", 3)
+    if len(parts) != 4 or parts[1] not in STATES:
+        return None
+    version, state, streak, name = parts
+    try:
+        return name, int(version), cast(State, state), streak == "1"
+    except ValueError:
+        return None
+
+
+class RedisWatch:
+    """A daemon thread holding a subscription to ``channel``; ``close()`` ends it."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        channel: str,
+        on_change: ChangeListener,
+        on_live: Callable[[], None],
+        on_lost: Callable[[], None],
+    ) -> None:
+        self.client = client
+        self.channel = channel
+        # Held weakly: when their owner (a process's views) is gone, the thread ends.
+        self._callbacks = [_weak(c) for c in (on_change, on_live, on_lost)]
+        self._stop = threading.Event()
+        self._live = False
+        self._thread = threading.Thread(
+            target=self._run, name="celery-resilience-watch", daemon=True
+        )
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+
+    def _callback(self, index: int) -> Callable[..., None]:
+        callback = self._callbacks[index]()
+        if callback is None:
+            self._stop.set()
+            raise _Gone
+        return callback
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            pubsub = self.client.pubsub()  # type: ignore[no-untyped-call]
+            try:
+                self._listen(pubsub)
+            except _Gone:
+                return
+            except (redis.RedisError, OSError, ValueError) as exc:
+                if self._live:  # once per loss, not at every attempt to subscribe again
+                    logger.debug("Breaker change feed lost (%s): asking Redis until it is back", exc)
+                self._live = False
+            finally:
+                with contextlib.suppress(_Gone):
+                    self._callback(2)()  # lost
+                try:
+                    pubsub.close()
+                except Exception:  # the connection is gone anyway
+                    logger.debug("Closing the change feed's connection failed", exc_info=True)
+            self._stop.wait(RETRY_DELAY)
+
+    def _listen(self, pubsub: Any) -> None:
+        pubsub.subscribe(self.channel)
+        heard = time.monotonic()
+        pinged = 0.0
+        while not self._stop.is_set():
+            message = pubsub.get_message(timeout=HEARTBEAT)
+            now = time.monotonic()
+            if message is None:
+                if pinged and now - pinged > 2 * HEARTBEAT:
+                    raise redis.ConnectionError("no answer to PING on the change feed")
+                if not pinged and now - heard >= HEARTBEAT:
+                    pubsub.ping()
+                    pinged = now
+                continue
+            heard, pinged = now, 0.0
+            kind = message.get("type")
+            if kind == "subscribe":
+                self._callback(1)()  # live: from now on, every change reaches this process
+                self._live = True
+            elif kind == "message":
+                change = parse_change(message["data"])
+                if change is not None:
+                    self._callback(0)(*change)
