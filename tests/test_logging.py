@@ -75,10 +75,11 @@ def records(caplog: pytest.LogCaptureFixture, logger: str) -> list[tuple[str, st
 
 
 def ours(caplog: pytest.LogCaptureFixture) -> list[tuple[str, str, str]]:
+    """The package's lines an operator reads (INFO and up; DEBUG is for debugging)."""
     return [
         (r.name, r.levelname, r.getMessage())
         for r in caplog.records
-        if r.name.startswith("celery_resilience")
+        if r.name.startswith("celery_resilience") and r.levelno >= logging.INFO
     ]
 
 
