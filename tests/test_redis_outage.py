@@ -214,6 +214,12 @@ def test_a_killed_redis_is_an_outage_too(make_breaker, server) -> None:
     breaker = make_breaker(server.url, "fail_closed")
     assert breaker.call(lambda: 1) == 1
     server.kill()
+    # A process that knew the breaker closed hears the connection drop (at once, on its watch
+    # thread) and asks Redis from then on.
+    deadline = time.monotonic() + 2.0
+    while breaker._views.admits("dep") is not None:
+        assert time.monotonic() < deadline, "the outage was never heard of"
+        time.sleep(0.005)
     with pytest.raises(BreakerOpen, match="unavailable"):
         breaker.call(lambda: 1)
     server.start()
