@@ -78,7 +78,9 @@ app.conf.update(
     task_default_queue=QUEUE,
     task_ignore_result=True,
     result_backend=None,
-    task_acks_late=False,
+    # As the README recommends, in every variant: a killed worker loses nothing.
+    task_acks_late=True,
+    task_reject_on_worker_lost=True,
     worker_enable_remote_control=False,  # no pidbox traffic, no shared pidbox keys
     worker_hijack_root_logger=False,
     broker_connection_retry_on_startup=True,

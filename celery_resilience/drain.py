@@ -273,7 +273,7 @@ class Drainer:
                 dead.append((entry, dead_reason("unpublishable", str(failure))))
             else:  # refused, alone: the entry can't be told from the broker; again later
                 give_back.append(entry)
-        self.store.ack([e.id for e in published])
+        self.store.ack(name, [e.id for e in published])
         for entry, reason in dead:
             self.store.mark_dead(entry.id, reason)
             logger.error("Entry %s (%s) is dead: %s", entry.id, entry.task_name, reason)

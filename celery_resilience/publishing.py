@@ -79,17 +79,23 @@ def expiry(entry: ParkedTask, app: Any) -> float | None:
 
 
 def publish(resilience: Resilience, entry: ParkedTask, producer: Any = None) -> None:
-    """Send ``entry`` again with its task id and options; ``KeyError`` if not registered."""
-    task = resilience.app.tasks[entry.task_name]
+    """Send ``entry`` again with its task id and options (checked by :func:`preflight` first).
+
+    Through ``send_task``, which takes the registered task's own options and routes as
+    ``apply_async`` does, without checking the arguments a second time. Not added to the
+    drain task's children: a drain of thousands would hold them all in its request.
+    """
     options = dict(entry.options)
     headers = replay_headers(options, entry.replays)
     options.pop("headers", None)
-    task.apply_async(
+    resilience.app.send_task(
+        entry.task_name,
         entry.args,
         entry.kwargs,
         task_id=entry.task_id,
         headers=headers,
         producer=producer,
+        add_to_parent=False,
         **options,
     )
 

@@ -124,8 +124,8 @@ def test_ack_removes_claimed_entries(store: DjangoBackoutStore) -> None:
     for e in entries:
         store.park(e)
     claimed = store.claim("b", 2, lease=60)
-    assert store.ack([c.id for c in claimed]) == 2
-    assert store.ack([c.id for c in claimed]) == 0
+    assert store.ack("b", [c.id for c in claimed]) == 2
+    assert store.ack("b", [c.id for c in claimed]) == 0
     assert store.count() == 1
     assert store.in_flight() == 0
 

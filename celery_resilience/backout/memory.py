@@ -168,7 +168,7 @@ class MemoryBackoutStore:
                 record.due_at = record.lease_until = now + lease
             return [self._read(i, self._records[i]) for _, i in due]
 
-    def ack(self, entry_ids: Sequence[str]) -> int:
+    def ack(self, breaker: str, entry_ids: Sequence[str]) -> int:
         with self._lock:
             return sum(1 for i in entry_ids if self._records.pop(i, None) is not None)
 

@@ -130,21 +130,25 @@ class RedisBackoutStore(RedisClaims):
             ids = [i for i in ids if (m := metas.get(i)) and m.matches(breaker, status, reason)]
         return self._delete_ids(ids)
 
-    def _delete_ids(self, ids: Sequence[str]) -> int:
-        """Delete ``ids`` with ``delete.lua``, reading each one's breaker first (keys in KEYS)."""
+    def _delete_ids(self, ids: Sequence[str], breaker: str | None = None) -> int:
+        """Delete ``ids`` with ``delete.lua``, which needs each one's breaker (keys in KEYS):
+        ``breaker`` when the caller knows it (a drain's ack), else read from meta first."""
         deleted = 0
         k = self.keys
         for _ in range(_RETRIES):
             if not ids:
                 break
-            metas = self._metas(ids)
+            if breaker is not None:
+                known = dict.fromkeys(ids, breaker)
+                breaker = None  # a mismatch found below is read from meta on the next round
+            else:
+                known = {i: m.breaker for i, m in self._metas(ids).items()}
             ready: dict[str, int] = {}
             argv: list[str | int] = []
             for entry_id in ids:
-                meta = metas.get(entry_id)
-                breaker = meta.breaker if meta else NO_BREAKER
-                position = ready.setdefault(breaker, 7 + len(ready))
-                argv += [entry_id, breaker if meta else "", position]
+                name = known.get(entry_id)
+                position = ready.setdefault(name or NO_BREAKER, 7 + len(ready))
+                argv += [entry_id, name or "", position]
             keys = [k.entries, k.index, k.meta, k.counts, k.dead, k.inflight]
             keys += [k.ready(b) for b in ready]
             results = self._delete(keys, argv)

@@ -26,7 +26,7 @@ class RedisClaims:
     _claim: Any
     _release: Any
 
-    def _delete_ids(self, ids: Sequence[str]) -> int:
+    def _delete_ids(self, ids: Sequence[str], breaker: str | None = None) -> int:
         raise NotImplementedError
 
     # -- the drain's side: claim under a lease, ack after publish ----------------------------
@@ -40,20 +40,18 @@ class RedisClaims:
         k = self.keys
         with reachable():
             flat = self._claim(
-                [k.ready(breaker), k.inflight, k.entries, k.meta, k.index],
+                [k.ready(breaker), k.inflight, k.entries, k.meta],
                 ["" if now is None else repr(now), limit, repr(lease)],
             )
         return [
-            read_entry(i.decode(), data, Meta.decode(meta), float(parked_at), self.accept)
-            for i, data, meta, parked_at in zip(
-                flat[::4], flat[1::4], flat[2::4], flat[3::4], strict=True
-            )
+            read_entry(i.decode(), data, Meta.decode(meta), 0.0, self.accept)
+            for i, data, meta in zip(flat[::3], flat[1::3], flat[2::3], strict=True)
         ]
 
-    def ack(self, entry_ids: Sequence[str]) -> int:
-        """Remove entries that were published (the end of a claim)."""
+    def ack(self, breaker: str, entry_ids: Sequence[str]) -> int:
+        """Remove entries of ``breaker`` that were published (the end of a claim)."""
         with reachable():
-            return self._delete_ids(entry_ids)
+            return self._delete_ids(entry_ids, breaker)
 
     def release(self, breaker: str, entry_ids: Sequence[str], due_at: float) -> int:
         """Give claimed entries back, due again at ``due_at`` (their publish failed)."""

@@ -102,8 +102,8 @@ class BackoutStore(Protocol):
         the lease ends. Undecodable ones come back as placeholders (``dead_reason`` set).
         """
 
-    def ack(self, entry_ids: Sequence[str]) -> int:
-        """Remove claimed entries once they were published; the number removed."""
+    def ack(self, breaker: str, entry_ids: Sequence[str]) -> int:
+        """Remove claimed entries of ``breaker`` once they were published; the number removed."""
 
     def release(self, breaker: str, entry_ids: Sequence[str], due_at: float) -> int:
         """Give claimed entries back, due again at ``due_at``; the number given back."""

@@ -95,7 +95,9 @@ class RedisWatch:
                 return
             except (redis.RedisError, OSError, ValueError) as exc:
                 if self._live:  # once per loss, not at every attempt to subscribe again
-                    logger.debug("Breaker change feed lost (%s): asking Redis until it is back", exc)
+                    logger.debug(
+                        "Breaker change feed lost (%s): asking Redis until it is back", exc
+                    )
                 self._live = False
             finally:
                 with contextlib.suppress(_Gone):

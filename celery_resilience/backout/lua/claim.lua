@@ -5,11 +5,11 @@
 -- KEYS[2] inflight  zset  id -> lease expiry (what is out with a drainer right now)
 -- KEYS[3] entries   hash  id -> payload
 -- KEYS[4] meta      hash  id -> "status|reason|dead_reason|breaker"
--- KEYS[5] index     zset  id -> parked_at
 -- ARGV[1] now (epoch seconds) or "" to read Redis TIME (a pinned time is for tests only)
 -- ARGV[2] most entries to claim;  ARGV[3] lease in seconds
--- Returns {id, payload, meta, parked_at, ...} for each claimed entry; an id whose payload or
--- meta is missing (a half-deleted entry) is dropped from the ready set and not returned.
+-- Returns {id, payload, meta, ...} for each claimed entry (parked_at is in the payload); an id
+-- whose payload or meta is missing (a half-deleted entry) is dropped from the ready set and not
+-- returned.
 
 local now
 if ARGV[1] ~= '' then
@@ -30,7 +30,6 @@ for _, id in ipairs(ids) do
     out[#out + 1] = id
     out[#out + 1] = payload
     out[#out + 1] = meta
-    out[#out + 1] = redis.call('ZSCORE', KEYS[5], id) or '0'
   else
     redis.call('ZREM', KEYS[1], id)
   end

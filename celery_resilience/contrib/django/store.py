@@ -209,7 +209,7 @@ class DjangoBackoutStore:
                 )
         return [self._read(row) for row in rows]
 
-    def ack(self, entry_ids: Sequence[str]) -> int:
+    def ack(self, breaker: str, entry_ids: Sequence[str]) -> int:
         """Remove entries that were published (the end of a claim)."""
         with _reachable():
             return sum(self._rows().filter(pk__in=c).delete()[0] for c in _chunks(entry_ids))

@@ -1,0 +1,141 @@
+"""Where a task's time goes: the per-task CPU of ``ResilientTask`` over a plain task, profiled.
+
+    python benchmarks/hotpath.py [--tasks N] [--redis-url URL] [--top K]
+
+Runs N no-op deliveries of a plain task and of a ``ResilientTask`` on a closed breaker through
+Celery's own tracer (``build_tracer``: what a worker runs for each message, minus the broker),
+in this process, with ``acks_late`` and ``task_reject_on_worker_lost`` as the README recommends.
+Prints the CPU time per task of each (``time.process_time``), the difference, the Redis commands
+per task (``INFO commandstats`` of the resilience Redis), and the functions of the package (and
+of redis-py, when they are called) that take the most time under cProfile.
+
+It uses its own key prefix and deletes what it made.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import redis
+from celery import Celery
+from celery.app.trace import build_tracer
+
+from celery_resilience import Resilience, ResilientTask
+
+
+def make_app(redis_url: str, prefix: str) -> Celery:
+    app = Celery("hotpath", broker=redis_url, set_as_current=False)
+    app.conf.update(
+        task_ignore_result=True,
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        resilience_redis_url=redis_url,
+        resilience_key_prefix=prefix,
+        resilience_breakers={"bench": {}},
+    )
+    return app
+
+
+def deliveries(app: Celery, name: str, task: Any, count: int) -> Callable[[], None]:
+    """A function that runs ``count`` first deliveries of ``task`` as a worker would."""
+    trace = build_tracer(name, task, app=app, eager=False)
+    requests = [
+        (
+            f"{name}-{i}",
+            {"id": f"{name}-{i}", "delivery_info": {"exchange": "", "routing_key": "q"}},
+        )
+        for i in range(count)
+    ]
+
+    def run() -> None:
+        for task_id, request in requests:
+            trace(task_id, (1,), {}, request)
+
+    return run
+
+
+def commands(client: redis.Redis) -> int:
+    stats = client.info("commandstats")
+    return sum(int(v["calls"]) for k, v in stats.items() if k not in ("cmdstat_info",))
+
+
+def cpu_per_task(run: Callable[[], None], count: int) -> float:
+    started = time.process_time()
+    run()
+    return (time.process_time() - started) / count * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tasks", type=int, default=20_000)
+    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/15")
+    parser.add_argument("--top", type=int, default=12)
+    args = parser.parse_args()
+    prefix = f"bench-hot-{uuid.uuid4().hex[:8]}"
+    app = make_app(args.redis_url, prefix)
+
+    @app.task(name="hot.plain", shared=False)
+    def plain(i: int) -> None:
+        return None
+
+    @app.task(name="hot.resilient", base=ResilientTask, breaker="bench", shared=False)
+    def resilient(i: int) -> None:
+        return None
+
+    resilience = Resilience.for_app(app)
+    stats = redis.Redis.from_url(args.redis_url)
+    try:
+        breaker = resilience.breaker("bench")
+        for _ in range(3):  # the process learns the breaker (its change feed, where there is one)
+            breaker.acquire().release()
+            time.sleep(0.1)
+        n = args.tasks
+        runs = {
+            "plain": deliveries(app, "hot.plain", plain, n),
+            "resilient": deliveries(app, "hot.resilient", resilient, n),
+        }
+        for run in runs.values():  # warm-up: imports, caches, script loads
+            deliveries(app, "hot.plain", plain, 200)()
+        cpu: dict[str, float] = {}
+        redis_commands: dict[str, float] = {}
+        for name, run in runs.items():
+            before = commands(stats)
+            cpu[name] = cpu_per_task(run, n)
+            redis_commands[name] = (commands(stats) - before - 1) / n
+        print(f"{n} deliveries each, acks_late, closed breaker, Redis {args.redis_url}")
+        print(f"  plain task       {cpu['plain']:8.1f} µs CPU/task")
+        print(f"  ResilientTask    {cpu['resilient']:8.1f} µs CPU/task")
+        print(f"  over plain       {cpu['resilient'] - cpu['plain']:+8.1f} µs CPU/task")
+        print(f"  Redis commands per task over plain: {redis_commands['resilient']:+.3f}")
+
+        profiler = cProfile.Profile()
+        profile_run = deliveries(app, "hot.resilient", resilient, n)
+        profiler.enable()
+        profile_run()
+        profiler.disable()
+        print(
+            f"\nResilientTask, cProfile, the {args.top} costliest functions of ours and redis-py:"
+        )
+        rows = pstats.Stats(profiler).stats  # type: ignore[attr-defined]
+        ours = [
+            (tottime, ncalls, f"{file.rsplit('site-packages/', 1)[-1]}:{line} {func}")
+            for (file, line, func), (_, ncalls, tottime, _, _) in rows.items()
+            if "celery_resilience" in file or "/redis/" in file
+        ]
+        for tottime, ncalls, where in sorted(ours, reverse=True)[: args.top]:
+            print(f"  {tottime / n * 1e6:7.2f} µs/task  {ncalls / n:6.2f} calls/task  {where}")
+    finally:
+        resilience.close() if hasattr(resilience, "close") else None
+        for key in stats.scan_iter(match=f"*{prefix}*", count=1000):
+            stats.delete(key)
+        stats.close()
+
+
+if __name__ == "__main__":
+    main()
