@@ -10,7 +10,8 @@ keys under ``<prefix>:broker:`` through kombu's ``global_keyprefix``):
    one loop with one producer (``with app.producer_or_acquire() as p``): the machine's ceiling;
 2. drain, events on: N entries parked in the back-out store, then one timed
    ``Resilience(app).drain()`` (``resilience_drain_rate`` far above anything reachable,
-   ``resilience_drain_batch`` 500): claim, publish with the original task id, a
+   ``resilience_drain_batch`` 500): claim, publish with the original task id (each batch
+   through kombu's ``Producer.batch``: one Redis pipeline for the batch's messages), a
    ``task-replayed`` event per entry, ack;
 3. drain, events off: the same with ``celery_resilience.drain.replay_dispatcher`` replaced by a
    no-op, so 2 - 3 is what the events cost;
@@ -19,7 +20,7 @@ keys under ``<prefix>:broker:`` through kombu's ``global_keyprefix``):
 
 Each drain phase checks that the store ended empty and the queue holds N new messages. No worker
 consumes the queue; it is emptied between phases. A short untimed warm-up comes first; then the
-four phases run in turn R times (default 3) and the table shows each phase's best round (least
+four phases run back to back R times (default 6, in a rotating order) and the table shows each phase's best round (least
 time: other load on the machine only ever adds time) and the spread (slowest / best), so the
 ratios compare phases measured side by side. Beside wall time it shows this process's CPU time
 per task (``time.process_time``), which other load disturbs much less: on a busy machine
@@ -32,6 +33,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import statistics
 import sys
 import time
 import uuid
@@ -129,6 +131,7 @@ class Bench:
         self.client = redis.Redis.from_url(broker_url)
         self.queue_key = f"{self.prefix}:broker:{self.queue}"
         self.serial = 0
+        self.rounds: list[list[Row]] = []
 
     def queued(self) -> int:
         return int(self.client.llen(self.queue_key))
@@ -190,14 +193,29 @@ class Bench:
         with patched("replay_dispatcher", _no_events):
             self.drain(WARMUP, "warm-up")
         phases: list[list[Row]] = [[], [], [], []]
-        for _ in range(rounds):
-            phases[0].append(self.raw(n))
-            phases[1].append(self.drain(n, "drain, task-replayed events on"))
-            with patched("replay_dispatcher", _no_events):
-                phases[2].append(self.drain(n, "drain, events off (no-op dispatcher)"))
-                with patched("publish", _no_publish):
-                    phases[3].append(self.drain(n, "drain, publish off too", publishes=False))
+        runs = [
+            lambda: self.raw(n),
+            lambda: self.drain(n, "drain, task-replayed events on"),
+            lambda: self.drain_without_events(n),
+            lambda: self.drain_store_only(n),
+        ]
+        for round_ in range(rounds):
+            # The phases of a round run back to back, in a rotating order: a machine that
+            # slows down or speeds up during the run shifts every phase alike.
+            order = list(range(len(runs)))
+            order = order[round_ % len(order) :] + order[: round_ % len(order)]
+            for index in order:
+                phases[index].append(runs[index]())
+        self.rounds = phases
         return [best(phase) for phase in phases]
+
+    def drain_without_events(self, n: int) -> Row:
+        with patched("replay_dispatcher", _no_events):
+            return self.drain(n, "drain, events off (no-op dispatcher)")
+
+    def drain_store_only(self, n: int) -> Row:
+        with patched("replay_dispatcher", _no_events), patched("publish", _no_publish):
+            return self.drain(n, "drain, publish off too", publishes=False)
 
     def cleanup(self) -> None:
         for pattern in (f"{self.prefix}*", f"{{{self.prefix}*"):
@@ -206,7 +224,16 @@ class Bench:
                 self.client.delete(*found)
 
 
-def report(rows: list[Row], n: int, rounds: int, broker_url: str) -> str:
+def round_ratios(rounds: list[list[Row]]) -> list[float]:
+    """Per phase, the median over rounds of raw's time / the phase's time in the same round."""
+    raw = rounds[0]
+    return [
+        statistics.median(r.seconds / p.seconds for r, p in zip(raw, phase, strict=True))
+        for phase in rounds
+    ]
+
+
+def report(rows: list[Row], n: int, rounds: int, broker_url: str, by_round: list[float]) -> str:
     raw, on, off, store_only = rows
     lines = [
         f"drain benchmark: {n} entries per phase, best of {rounds} rounds, broker and store "
@@ -230,6 +257,12 @@ def report(rows: list[Row], n: int, rounds: int, broker_url: str) -> str:
 
     lines += [
         "",
+        "rate vs raw, median of the rounds' own ratios (phases of a round ran back to back): "
+        + ", ".join(
+            f"{row.label.split(',')[-1].strip()} {ratio:.2f}"
+            for row, ratio in zip(rows[1:3], by_round[1:3], strict=True)
+        ),
+        "",
         "per entry, wall (client CPU):",
         f"  task-replayed events        {us(on.seconds - off.seconds)} "
         f"({us(on.cpu - off.cpu)}): {100 * (on.seconds - off.seconds) / on.seconds:.0f}% of the "
@@ -244,7 +277,7 @@ def report(rows: list[Row], n: int, rounds: int, broker_url: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--entries", type=int, default=5000, help="messages / entries per phase")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds of the four phases")
+    parser.add_argument("--rounds", type=int, default=6, help="rounds of the four phases")
     parser.add_argument("--broker-url", default="redis://127.0.0.1:6379/13")
     args = parser.parse_args(argv)
     if args.entries < 1 or args.rounds < 1:
@@ -255,7 +288,8 @@ def main(argv: list[str] | None = None) -> int:
         rows = bench.run(args.entries, args.rounds)
     finally:
         bench.cleanup()
-    print(report(rows, args.entries, args.rounds, args.broker_url))
+    by_round = round_ratios(bench.rounds)
+    print(report(rows, args.entries, args.rounds, args.broker_url, by_round))
     return 0
 
 

@@ -65,6 +65,16 @@ class DrainReport:
         return asdict(self)
 
 
+@dataclass
+class Sent:
+    """What publishing a batch came to: published, failed (entry, failure), to give back."""
+
+    published: list[ParkedTask]
+    suspects: list[tuple[ParkedTask, PublishFailure]]
+    give_back: list[ParkedTask]
+    down: bool
+
+
 class TokenBucket:
     """``rate`` tokens per second, at most ``capacity`` saved up."""
 
@@ -231,57 +241,98 @@ class Drainer:
 
         Returns (published, dead, whether the broker looked down)."""
         now = self.resilience.now()
-        errors = BrokerErrors(self.resilience.app)
-        published: list[ParkedTask] = []
+        ready: list[ParkedTask] = []
         dead: list[tuple[ParkedTask, str]] = []
-        suspects: list[tuple[ParkedTask, PublishFailure]] = []
-        give_back: list[ParkedTask] = []
-        down = False
+        for entry in claimed:
+            if held(entry.reason):  # written before held entries left the ready set
+                self.store.release(name, [entry.id], math.inf)
+                continue
+            refusal = self._refusal(entry, now)
+            if refusal is None:
+                ready.append(entry)
+            else:
+                dead.append((entry, refusal.dead_reason))
         with (
             self.resilience.app.producer_or_acquire() as producer,
             replay_dispatcher(self.resilience.app) as events,
         ):
-            for index, entry in enumerate(claimed):
-                if held(entry.reason):  # written before held entries left the ready set
-                    self.store.release(name, [entry.id], math.inf)
-                    continue
-                refusal = self._refusal(entry, now)
-                if refusal is not None:
-                    dead.append((entry, refusal.dead_reason))
-                    continue
-                failure = self._publish(entry, producer, errors)
-                if failure is None:
-                    published.append(entry)
-                    events.replayed(entry)  # after the publish: the entry is on its way now
-                    continue
-                suspects.append((entry, failure))
-                refused_all = not published and all(f.kind == "refused" for _, f in suspects)
-                if failure.kind == "outage" or (
-                    refused_all and len(suspects) >= SUSPECTS_BEFORE_OUTAGE
-                ):
-                    # The broker is down, or refuses everything: stop, give the rest back.
-                    logger.error(
-                        "Publishing %s[%s] failed: %s", entry.task_name, entry.task_id, failure
-                    )
-                    report.errors += 1
-                    down = True
-                    give_back += [e for e, _ in suspects] + claimed[index + 1 :]
-                    suspects = []
-                    break
-        for entry, failure in suspects:
-            if published or failure.kind == "entry":
+            sent = self._send(ready, producer, BrokerErrors(self.resilience.app))
+            for entry in sent.published:
+                events.replayed(entry)  # after the publish: the entry is on its way now
+        if sent.down:
+            report.errors += 1
+        for entry, failure in sent.suspects:
+            if sent.published or failure.kind == "entry":
                 dead.append((entry, dead_reason("unpublishable", str(failure))))
             else:  # refused, alone: the entry can't be told from the broker; again later
-                give_back.append(entry)
-        self.store.ack(name, [e.id for e in published])
+                sent.give_back.append(entry)
+        self.store.ack(name, [e.id for e in sent.published])
         for entry, reason in dead:
             self.store.mark_dead(entry.id, reason)
             logger.error("Entry %s (%s) is dead: %s", entry.id, entry.task_name, reason)
-        if give_back:
-            self.store.release(name, [e.id for e in give_back], now + PUBLISH_RETRY_DELAY)
-        report.replayed += len(published)
+        if sent.give_back:
+            self.store.release(name, [e.id for e in sent.give_back], now + PUBLISH_RETRY_DELAY)
+        report.replayed += len(sent.published)
         report.dead += len(dead)
-        return len(published), len(dead), down
+        return len(sent.published), len(dead), sent.down
+
+    def _send(self, entries: list[ParkedTask], producer: Any, errors: BrokerErrors) -> Sent:
+        """Publish ``entries`` in one batch where the transport can (kombu's ``Producer.batch``:
+        one Redis pipeline), and one by one where it can't or the batch as a whole failed."""
+        if not entries or not producer.supports_batch_publish:
+            return self._send_one_by_one(entries, producer, errors)
+        buffered: list[ParkedTask] = []
+        made_badly: list[tuple[ParkedTask, PublishFailure]] = []
+        rest: list[ParkedTask] = []
+        try:
+            # Room for every command of the batch: kombu would flush early otherwise, and a
+            # failed early flush would surface as the error of whichever entry came next.
+            with producer.batch(max_size=4 * len(entries) + 16):
+                for index, entry in enumerate(entries):
+                    try:
+                        publish(self.resilience, entry, producer)
+                    except Exception as exc:
+                        failure = errors.classify(exc)
+                        if failure.kind == "outage":  # the broker went away: send what is in
+                            rest = entries[index:]
+                            break
+                        made_badly.append((entry, failure))  # the message could not be made
+                    else:
+                        buffered.append(entry)
+        except Exception as exc:  # the batch went to the broker and failed there
+            failure = errors.classify(exc)
+            logger.warning("Publishing a batch of %d failed (%s)", len(buffered), failure)
+            if failure.kind == "outage":
+                return Sent([], [], entries, down=True)
+            # Refused: find which entry, one by one (those the broker took meanwhile go twice).
+            again = self._send_one_by_one(buffered, producer, errors)
+            again.suspects += made_badly
+            return again
+        return Sent(buffered, made_badly, rest, down=bool(rest))
+
+    def _send_one_by_one(
+        self, entries: list[ParkedTask], producer: Any, errors: BrokerErrors
+    ) -> Sent:
+        sent = Sent([], [], [], down=False)
+        for index, entry in enumerate(entries):
+            failure = self._publish(entry, producer, errors)
+            if failure is None:
+                sent.published.append(entry)
+                continue
+            sent.suspects.append((entry, failure))
+            refused_all = not sent.published and all(f.kind == "refused" for _, f in sent.suspects)
+            if failure.kind == "outage" or (
+                refused_all and len(sent.suspects) >= SUSPECTS_BEFORE_OUTAGE
+            ):
+                # The broker is down, or refuses everything: stop, give the rest back.
+                logger.error(
+                    "Publishing %s[%s] failed: %s", entry.task_name, entry.task_id, failure
+                )
+                sent.down = True
+                sent.give_back += [e for e, _ in sent.suspects] + entries[index + 1 :]
+                sent.suspects = []
+                break
+        return sent
 
     def _publish(
         self, entry: ParkedTask, producer: Any, errors: BrokerErrors

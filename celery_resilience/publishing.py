@@ -83,7 +83,10 @@ def publish(resilience: Resilience, entry: ParkedTask, producer: Any = None) -> 
 
     Through ``send_task``, which takes the registered task's own options and routes as
     ``apply_async`` does, without checking the arguments a second time. Not added to the
-    drain task's children: a drain of thousands would hold them all in its request.
+    drain task's children: a drain of thousands would hold them all in its request. Sent once
+    (``retry=False``): the drain decides what a failed publish means (the broker down: the batch
+    is given back; the entry refused: it dies), where kombu's own retries would only hold the
+    run for a second per entry of an outage.
     """
     options = dict(entry.options)
     headers = replay_headers(options, entry.replays)
@@ -96,6 +99,7 @@ def publish(resilience: Resilience, entry: ParkedTask, producer: Any = None) -> 
         headers=headers,
         producer=producer,
         add_to_parent=False,
+        retry=False,
         **options,
     )
 
