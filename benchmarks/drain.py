@@ -20,12 +20,12 @@ keys under ``<prefix>:broker:`` through kombu's ``global_keyprefix``):
 
 Each drain phase checks that the store ended empty and the queue holds N new messages. No worker
 consumes the queue; it is emptied between phases. A short untimed warm-up comes first; then the
-four phases run back to back R times (default 6, in a rotating order) and the table shows each phase's best round (least
-time: other load on the machine only ever adds time) and the spread (slowest / best), so the
-ratios compare phases measured side by side. Beside wall time it shows this process's CPU time
-per task (``time.process_time``), which other load disturbs much less: on a busy machine
-compare the CPU columns. Only keys under this run's prefix are deleted at the end; nothing is
-flushed.
+four phases run back to back R times (default 6), in a rotating order so that a machine that
+slows down or speeds up shifts every phase alike. The table shows each phase's best round
+(least time: other load only ever adds time) and the spread (slowest / best); the line under it
+is the median, over the rounds, of each round's own drain / raw ratio. Beside wall time it shows
+this process's CPU time per task (``time.process_time``), which other load disturbs less. Only
+keys under this run's prefix are deleted at the end; nothing is flushed.
 """
 
 from __future__ import annotations

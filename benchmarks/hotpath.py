@@ -100,7 +100,7 @@ def main() -> None:
             "plain": deliveries(app, "hot.plain", plain, n),
             "resilient": deliveries(app, "hot.resilient", resilient, n),
         }
-        for run in runs.values():  # warm-up: imports, caches, script loads
+        for _ in runs:  # warm-up: imports, caches, script loads
             deliveries(app, "hot.plain", plain, 200)()
         cpu: dict[str, float] = {}
         redis_commands: dict[str, float] = {}

@@ -93,7 +93,7 @@ class RedisWatch:
                 self._listen(pubsub)
             except _Gone:
                 return
-            except (redis.RedisError, OSError, ValueError) as exc:
+            except Exception as exc:  # a thread of its own: any failure means "maybe missed"
                 if self._live:  # once per loss, not at every attempt to subscribe again
                     logger.debug(
                         "Breaker change feed lost (%s): asking Redis until it is back", exc
