@@ -43,9 +43,13 @@ SHARD_OPS = 100_000  # commands per second one Redis shard takes, roughly
 SKIP = {"cmdstat_info", "cmdstat_config|get", "cmdstat_config"}
 
 
-def commands(client: redis.Redis) -> int:
+def command_counts(client: redis.Redis) -> dict[str, int]:
     stats = client.info("commandstats")
-    return sum(int(v["calls"]) for k, v in stats.items() if k not in SKIP)
+    return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items() if k not in SKIP}
+
+
+def commands(client: redis.Redis) -> int:
+    return sum(command_counts(client).values())
 
 
 def measure(args: argparse.Namespace, store: RedisServer, broker: redis.Redis) -> None:
@@ -114,11 +118,15 @@ def observe(
             time.sleep(0.01)
 
     wait_until(total // 5)
-    start_tasks, start_commands, started = taken(), commands(stats), time.monotonic()
+    start_tasks, before, started = taken(), command_counts(stats), time.monotonic()
     wait_until(4 * total // 5)
-    end_tasks, end_commands = taken(), commands(stats)
+    end_tasks, after = taken(), command_counts(stats)
+    seconds = time.monotonic() - started
     # The second INFO is not one of the fleet's commands.
-    return end_tasks - start_tasks, end_commands - start_commands - 1, time.monotonic() - started
+    delta = {name: after[name] - before.get(name, 0) for name in after}
+    busiest = sorted(((n, c) for c, n in delta.items() if n), reverse=True)[:6]
+    print("  commands in the window: " + ", ".join(f"{c} {n}" for n, c in busiest))
+    return end_tasks - start_tasks, sum(delta.values()) - 1, seconds
 
 
 def report(args: argparse.Namespace, tasks: int, count: int, seconds: float) -> None:

@@ -25,8 +25,9 @@ from .store import ChangeListener
 
 logger = get_logger("celery_resilience.watch")
 
-#: Seconds of silence after which the subscription's connection is checked with a PING.
-HEARTBEAT = 1.0
+#: Seconds of silence after which the subscription's connection is checked with a PING (a
+#: dropped connection is noticed at once; a silent one, within two of these).
+HEARTBEAT = 2.0
 #: Seconds to wait before subscribing again after the connection was lost.
 RETRY_DELAY = 0.5
 

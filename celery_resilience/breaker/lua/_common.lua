@@ -38,7 +38,6 @@ lim.bucket_us = math.max(1, math.floor(lim.window_us / BUCKETS))
 -- when the window is touched (a closed breaker's admission reads one field of ~40).
 -- put() records which fields to write back.
 local h, dirty, loaded = {}, {}, {}
-local SCALARS = {'state', 'consec', 'opened_at', 'open_until', 'trips', 'ho_succ', 'ver'}
 local function load(fields)
   local missing = {}
   for _, field in ipairs(fields) do
@@ -48,7 +47,10 @@ local function load(fields)
   local values = redis.call('HMGET', STATE_KEY, unpack(missing))
   for i, field in ipairs(missing) do h[field] = values[i] or nil; loaded[field] = true end
 end
-load(SCALARS)
+-- One HMGET for what most scripts touch: the scalars, the totals and this moment's bucket.
+local SLOT = math.floor(now / lim.bucket_us) % BUCKETS
+load({'state', 'consec', 'opened_at', 'open_until', 'trips', 'ho_succ', 'ver', 'calls_total',
+      'failures_total', 'successes_total', 'be' .. SLOT, 'bc' .. SLOT, 'bf' .. SLOT})
 local function get(field)
   if not loaded[field] then load({field}) end
   return h[field]
