@@ -16,11 +16,12 @@ keys under ``<prefix>:broker:`` through kombu's ``global_keyprefix``):
 3. drain, events off: the same with ``celery_resilience.drain.replay_dispatcher`` replaced by a
    no-op, so 2 - 3 is what the events cost;
 4. drain, publish off: the same with ``celery_resilience.drain.publish`` a no-op as well: what
-   the back-out store's claim and ack cost alone.
+   the claim, the checks of each entry and the ack cost;
+5. store claim + ack alone: ``claim`` a batch and ``ack`` it, in a loop, without a drain.
 
 Each drain phase checks that the store ended empty and the queue holds N new messages. No worker
 consumes the queue; it is emptied between phases. A short untimed warm-up comes first; then the
-four phases run back to back R times (default 6), in a rotating order so that a machine that
+five phases run back to back R times (default 6), in a rotating order so that a machine that
 slows down or speeds up shifts every phase alike. The table shows each phase's best round
 (least time: other load only ever adds time) and the spread (slowest / best); the line under it
 is the median, over the rounds, of each round's own drain / raw ratio. Beside wall time it shows
@@ -192,12 +193,13 @@ class Bench:
         self.drain(WARMUP, "warm-up")
         with patched("replay_dispatcher", _no_events):
             self.drain(WARMUP, "warm-up")
-        phases: list[list[Row]] = [[], [], [], []]
+        phases: list[list[Row]] = [[], [], [], [], []]
         runs = [
             lambda: self.raw(n),
             lambda: self.drain(n, "drain, task-replayed events on"),
             lambda: self.drain_without_events(n),
             lambda: self.drain_store_only(n),
+            lambda: self.claim_and_ack(n),
         ]
         for round_ in range(rounds):
             # The phases of a round run back to back, in a rotating order: a machine that
@@ -217,6 +219,16 @@ class Bench:
         with patched("replay_dispatcher", _no_events), patched("publish", _no_publish):
             return self.drain(n, "drain, publish off too", publishes=False)
 
+    def claim_and_ack(self, n: int) -> Row:
+        """The store's two drain operations alone: claim a batch, ack it, until none is left."""
+        self.park(n)
+        started, cpu = time.perf_counter(), time.process_time()
+        while claimed := self.store.claim("bench", BATCH, 60.0):
+            self.store.ack("bench", [e.id for e in claimed])
+        seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
+        assert self.store.count() == 0, "claim and ack left entries behind"
+        return Row("store claim + ack alone", n, seconds, cpu)
+
     def cleanup(self) -> None:
         for pattern in (f"{self.prefix}*", f"{{{self.prefix}*"):
             found = list(self.client.scan_iter(match=pattern, count=1000))
@@ -234,7 +246,7 @@ def round_ratios(rounds: list[list[Row]]) -> list[float]:
 
 
 def report(rows: list[Row], n: int, rounds: int, broker_url: str, by_round: list[float]) -> str:
-    raw, on, off, store_only = rows
+    raw, on, off, store_only, store_ops = rows
     lines = [
         f"drain benchmark: {n} entries per phase, best of {rounds} rounds, broker and store "
         f"{broker_url}, drain batch {BATCH}, drain rate unlimited",
@@ -269,7 +281,10 @@ def report(rows: list[Row], n: int, rounds: int, broker_url: str, by_round: list
         "drain with events",
         f"  publish inside the drain    {us(off.seconds - store_only.seconds)} "
         f"({us(off.cpu - store_only.cpu)}); raw send_task {us(raw.seconds)} ({us(raw.cpu)})",
-        f"  back-out store claim + ack  {us(store_only.seconds)} ({us(store_only.cpu)})",
+        f"  claim, checks and ack       {us(store_only.seconds)} ({us(store_only.cpu)}): the "
+        "drain without publish or events",
+        f"  back-out store claim + ack  {us(store_ops.seconds)} ({us(store_ops.cpu)}): the "
+        "store's two operations alone",
     ]
     return "\n".join(lines)
 
@@ -277,7 +292,7 @@ def report(rows: list[Row], n: int, rounds: int, broker_url: str, by_round: list
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--entries", type=int, default=5000, help="messages / entries per phase")
-    parser.add_argument("--rounds", type=int, default=6, help="rounds of the four phases")
+    parser.add_argument("--rounds", type=int, default=6, help="rounds of the five phases")
     parser.add_argument("--broker-url", default="redis://127.0.0.1:6379/13")
     args = parser.parse_args(argv)
     if args.entries < 1 or args.rounds < 1:

@@ -29,6 +29,7 @@ import argparse
 import importlib
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -265,6 +266,11 @@ def _lowest(cells: list[Cell]) -> dict[str, float]:
     return {name: min(c.per_task().get(name, 0.0) for c in cells) for name in names}
 
 
+def _round_ratio(cells: dict[tuple[str, str], list[Cell]], pool: str, variant: str) -> float:
+    pairs = zip(cells[(variant, pool)], cells[("plain", pool)], strict=True)
+    return statistics.median(c.rate / p.rate for c, p in pairs if p.rate)
+
+
 def report(bench: Bench, cells: dict[tuple[str, str], list[Cell]]) -> None:
     rounds = len(cells[("plain", POOLS[0])])
     print()
@@ -290,6 +296,19 @@ def report(bench: Bench, cells: dict[tuple[str, str], list[Cell]]) -> None:
                 f"{cpu - cpu_plain:>+8.0f}{redis_cpu:>10.0f}{redis_cpu - redis_plain:>+8.0f}"
                 f"   {each}" + (f"  !! {notes}" if notes else "")
             )
+    print(
+        "vs plain, median of each round's own ratio (a round runs the variants of a pool back to "
+        "back, so a machine that slows down shifts them alike): "
+        + "; ".join(
+            f"{pool} "
+            + ", ".join(
+                f"{variant} {_round_ratio(cells, pool, variant):.2f}"
+                for variant in VARIANTS
+                if variant != "plain"
+            )
+            for pool in POOLS
+        )
+    )
     print(
         f"tasks/s: best of {rounds} rounds; vs plain: ratio of the bests in the same pool. "
         "wkr CPU: CPU µs per timed task of the task-running processes (solo: the whole worker, "

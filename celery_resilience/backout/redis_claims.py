@@ -43,10 +43,11 @@ class RedisClaims:
                 [k.ready(breaker), k.inflight, k.entries, k.meta],
                 ["" if now is None else repr(now), limit, repr(lease)],
             )
-        return [
-            read_entry(i.decode(), data, Meta.decode(meta), 0.0, self.accept)
-            for i, data, meta in zip(flat[::3], flat[1::3], flat[2::3], strict=True)
-        ]
+        claimed = []
+        for head, data in zip(flat[::2], flat[1::2], strict=True):
+            entry_id, _, meta = head.partition(b"\n")
+            claimed.append(read_entry(entry_id.decode(), data, Meta.decode(meta), 0.0, self.accept))
+        return claimed
 
     def ack(self, breaker: str, entry_ids: Sequence[str]) -> int:
         """Remove entries of ``breaker`` that were published (the end of a claim)."""

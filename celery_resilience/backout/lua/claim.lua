@@ -7,9 +7,10 @@
 -- KEYS[4] meta      hash  id -> "status|reason|dead_reason|breaker"
 -- ARGV[1] now (epoch seconds) or "" to read Redis TIME (a pinned time is for tests only)
 -- ARGV[2] most entries to claim;  ARGV[3] lease in seconds
--- Returns {id, payload, meta, ...} for each claimed entry (parked_at is in the payload); an id
--- whose payload or meta is missing (a half-deleted entry) is dropped from the ready set and not
--- returned. Whole-batch commands (HMGET, ZADD of many members) keep Redis's time per entry low.
+-- Returns {"<id>\n<meta>", payload, ...} for each claimed entry (parked_at is in the payload;
+-- two strings an entry, not three: the reply is parsed in the drainer); an id whose payload or
+-- meta is missing (a half-deleted entry) is dropped from the ready set and not returned.
+-- Whole-batch commands (HMGET, ZADD of many members) keep Redis's time per entry low.
 
 local CHUNK = 500  -- arguments per command, well inside Lua's stack
 local function each_chunk(list, step, fn)
@@ -38,9 +39,8 @@ for i, id in ipairs(ids) do
   if payloads[i] and metas[i] then
     leased[#leased + 1] = lease_end
     leased[#leased + 1] = id
-    out[#out + 1] = id
+    out[#out + 1] = id .. '\n' .. metas[i]
     out[#out + 1] = payloads[i]
-    out[#out + 1] = metas[i]
   else
     gone[#gone + 1] = id
   end
