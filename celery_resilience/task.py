@@ -34,6 +34,8 @@ logger = get_logger("celery_resilience.task")
 signals.connect()
 
 ON_OPEN = ("park", "retry")
+#: The admission of a task without a breaker and without delivery questions.
+_NOTHING_ASKED = Admission(None, None)
 PARKED = "PARKED"
 #: Pause before a requeue (the broker took neither a retry nor a kept copy): a requeued message
 #: comes straight back, and this keeps such a loop from spinning while both are down.
@@ -105,10 +107,10 @@ class ResilientTask(Task):  # type: ignore[misc]
         except Exception as exc:  # our own machinery failed before the body ran
             logger.exception("Admission of %s[%s] failed", self.name, request.id)
             self._keep(request, exc)
-        if admission.skip == "done":
-            logger.info("Task %s[%s] already succeeded: skipped", self.name, request.id)
-            raise Ignore()
-        if admission.skip == "redelivered":
+        if admission.skip:
+            if admission.skip == "done":
+                logger.info("Task %s[%s] already succeeded: skipped", self.name, request.id)
+                raise Ignore()
             self._park("redelivered", None, request)
         if admission.rejected is not None:
             self._rejected(admission.rejected, request)
@@ -142,25 +144,26 @@ class ResilientTask(Task):  # type: ignore[misc]
 
     # -- steps ------------------------------------------------------------------------------
     def _admit(self, request: Any) -> Admission:
-        config = self.resilience.config
-        delivery = None
+        resilience = Resilience.for_app(self.app)
         # Only a redelivery is counted (a first delivery can't be a crash loop): no key per task.
         count = bool(self.acks_late) and redelivered(request)
-        if count or self.deduplicate:
-            delivery = Delivery(
-                task_id=request.id,
-                retries=request.retries or 0,
-                replays=replays_of(request),
-                count=count,
-                check_done=self.deduplicate,
-                ttl=config.delivery_ttl,
-                max_deliveries=config.max_deliveries if self.acks_late else 0,
-            )
+        if not count and not self.deduplicate:  # the common case: the breaker alone
+            if self.breaker is None:
+                return _NOTHING_ASKED
+            return resilience.breaker(self.breaker).admit()
+        config = resilience.config
+        delivery = Delivery(
+            task_id=request.id,
+            retries=request.retries or 0,
+            replays=replays_of(request),
+            count=count,
+            check_done=self.deduplicate,
+            ttl=config.delivery_ttl,
+            max_deliveries=config.max_deliveries if self.acks_late else 0,
+        )
         if self.breaker is not None:
-            return self.resilience.breaker(self.breaker).admit(delivery)
-        if delivery is None:
-            return Admission(None, None)
-        return self.resilience.deliver(None, delivery)
+            return resilience.breaker(self.breaker).admit(delivery)
+        return resilience.deliver(None, delivery)
 
     def _rejected(self, rejected: BreakerOpen, request: Any) -> NoReturn:
         if self.on_open == "retry":

@@ -9,14 +9,12 @@ when they end a streak of failures; a failure is always recorded at once.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any, Literal, TypeVar, cast
+from typing import Any, Literal, NamedTuple, TypeVar, cast
 
 import redis
 
@@ -25,7 +23,7 @@ from ..errors import BreakerOpen, StoreUnavailable
 from ..redact import get_logger
 from .model import STATES, Action, Change, Kind, Limits, Skip, State, Transition
 from .store import BreakerStore, Delivery
-from .views import Views
+from .views import Views, forks
 
 logger = get_logger("celery_resilience.breaker")
 
@@ -134,9 +132,10 @@ class Permit:
             self.release()  # ignored: counted neither way; a probe frees its slot
 
 
-@dataclass(frozen=True)
-class Admission:
-    """What ``Breaker.admit`` decided: a permit, or why not; and the delivery answers."""
+class Admission(NamedTuple):
+    """What ``Breaker.admit`` decided: a permit, or why not; and the delivery answers.
+
+    A named tuple: one is made for every task delivery."""
 
     permit: Permit | None
     rejected: BreakerOpen | None
@@ -166,7 +165,7 @@ class Breaker:
         self.listeners = listeners if listeners is not None else []
         self._lock = threading.Lock()
         self._deferred = 0
-        self._pid = os.getpid()  # deferred successes belong to this process, not a forked child
+        self._forks = forks()  # deferred successes belong to this process, not a forked child
         self._last_flush = time.monotonic()
 
     def __repr__(self) -> str:
@@ -270,8 +269,8 @@ class Breaker:
 
     def _forget_inherited(self) -> None:
         # After a fork the child holds a copy of the parent's count; the parent reports it.
-        if self._pid != os.getpid():
-            self._pid, self._deferred = os.getpid(), 0
+        if self._forks != forks():
+            self._forks, self._deferred = forks(), 0
 
     def _take_deferred(self) -> int:
         with self._lock:

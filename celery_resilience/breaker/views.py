@@ -24,6 +24,21 @@ from .store import BreakerStore, Watch
 ADMITTING: frozenset[State] = frozenset({"closed", "forced_closed"})
 #: The generation of a watch that is not live.
 NOT_LIVE = -1
+#: Forks so far in this process's lineage: compared on the hot path instead of ``os.getpid()``.
+_forks = 0
+
+
+def _forked() -> None:
+    global _forks  # noqa: PLW0603 - one counter per process, bumped in a child
+    _forks += 1
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
+def forks() -> int:
+    """How many forks made this process (0 in the process that started)."""
+    return _forks
 
 
 @dataclass(slots=True)
@@ -44,6 +59,7 @@ class Views:
         self._lock = threading.RLock()
         self._watch: Watch | None = None
         self._pid = -1
+        self._forks = -1
         self._periods = 0  # live periods so far: each one a generation
         #: The current generation while the watch is live, else ``NOT_LIVE``.
         self.generation = NOT_LIVE
@@ -54,7 +70,7 @@ class Views:
         view = self._views.get(name)
         if view is None or view.generation != self.generation or view.state not in ADMITTING:
             return None
-        if self._pid != os.getpid():  # a forked child: nothing of the parent's holds
+        if self._forks != _forks:  # a forked child: nothing of the parent's holds
             return None
         return view
 
@@ -66,7 +82,7 @@ class Views:
                 if self._pid != os.getpid():
                     self._views.clear()
                     self.generation = NOT_LIVE
-                    self._pid = os.getpid()
+                    self._pid, self._forks = os.getpid(), _forks
                     self._watch = self._store().watch(self._heard, self._live, self._lost)
         return self.generation
 
@@ -88,7 +104,7 @@ class Views:
         with self._lock:
             if self._watch is not None:
                 self._watch.close()
-            self._watch, self._pid, self.generation = None, -1, NOT_LIVE
+            self._watch, self._pid, self._forks, self.generation = None, -1, -1, NOT_LIVE
             self._views.clear()
 
     # -- the watch's callbacks ------------------------------------------------------------------
