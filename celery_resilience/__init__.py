@@ -1,10 +1,10 @@
 """celery-resilience: shared circuit breakers, jittered retries and a back-out store for Celery."""
 
-from . import backoff, tasks
-from .backout import ParkedTask
+from . import backoff, beat
 from .breaker import Breaker, Permit
 from .drain import DrainReport
 from .errors import BreakerOpen, ConfigurationError, ResilienceError, StoreUnavailable
+from .parked import ParkedTask
 from .resilience import Resilience
 from .task import ResilientTask
 
@@ -23,5 +23,5 @@ __all__ = [
     "StoreUnavailable",
     "__version__",
     "backoff",
-    "tasks",
+    "beat",
 ]

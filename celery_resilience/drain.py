@@ -20,14 +20,14 @@ from typing import TYPE_CHECKING, Any
 import redis
 from redis.exceptions import LockError
 
-from .backout.entry import ParkedTask
-from .backout.redis import BackoutKeys
-from .backout.store import NO_BREAKER, BackoutStore, dead_reason, held
 from .errors import StoreUnavailable
 from .events import replay_dispatcher
 from .headers import rejected_replays
-from .publishing import BrokerErrors, PublishFailure, Refusal, preflight, publish
+from .parked.entry import ParkedTask
+from .parked.redis import BackoutKeys
+from .parked.store import NO_BREAKER, BackoutStore, dead_reason, held
 from .redact import get_logger
+from .replay import BrokerErrors, PublishFailure, Refusal, preflight, publish
 
 if TYPE_CHECKING:
     from .resilience import Resilience

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from .backout.entry import STATUSES
-from .backout.store import NO_BREAKER
 from .breaker.model import STATES
+from .parked.entry import STATUSES
+from .parked.store import NO_BREAKER
 
 if TYPE_CHECKING:
     from .resilience import Resilience

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from .backout.entry import ParkedTask, Reason
 from .headers import REJECTED_HEADER, entry_id, publish_options, replays_of, request_header
+from .parked.entry import ParkedTask, Reason
 from .redact import get_logger
 
 if TYPE_CHECKING:

@@ -16,11 +16,6 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from .backout.api import Backout
-from .backout.entry import ParkedTask
-from .backout.memory import MemoryBackoutStore
-from .backout.redis import RedisBackoutStore
-from .backout.store import BackoutStore
 from .breaker.breaker import Admission, Breaker, RedisHealth, TransitionListener
 from .breaker.memory import MemoryBreakerStore
 from .breaker.redis import RedisBreakerStore
@@ -30,6 +25,11 @@ from .config import ResilienceConfig, backout_store_factory
 from .drain import Drainer, DrainReport, replay
 from .errors import StoreUnavailable
 from .events import send_breaker_event
+from .parked.entry import ParkedTask
+from .parked.memory import MemoryBackoutStore
+from .parked.redis import RedisBackoutStore
+from .parked.store import BackoutStore
+from .parked.view import Backout
 from .redact import get_logger
 from .trouble import TroubleLog
 

@@ -21,12 +21,12 @@ from celery.exceptions import Ignore, Reject, Retry
 
 from . import parking, signals
 from .backoff import BackoffStrategy, Exponential
-from .backout.entry import ParkedTask, Reason
 from .breaker.breaker import Admission, Permit
 from .breaker.store import Delivery
 from .errors import BreakerOpen, ConfigurationError
 from .events import send_task_parked
 from .headers import redelivered, replays_of
+from .parked.entry import ParkedTask, Reason
 from .redact import get_logger
 from .resilience import Resilience
 

@@ -36,8 +36,8 @@ import redis
 from celery import Celery
 
 from celery_resilience import Resilience
-from celery_resilience.backout.entry import ParkedTask
 from celery_resilience.contrib.pytest import delete_prefix
+from celery_resilience.parked.entry import ParkedTask
 
 from .faults import FaultProxy, make_user
 from .redis_server import RedisServer

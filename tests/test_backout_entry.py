@@ -16,7 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from celery_resilience.backout.entry import (
+from celery_resilience.errors import ConfigurationError, ResilienceError
+from celery_resilience.parked.entry import (
     DEFAULT_ACCEPT,
     REASONS,
     STATUSES,
@@ -29,7 +30,6 @@ from celery_resilience.backout.entry import (
     store_accept,
     undecodable,
 )
-from celery_resilience.errors import ConfigurationError, ResilienceError
 
 
 class PaymentDeclined(Exception):
@@ -298,7 +298,7 @@ def test_cut_traceback_bounds(text: str, limit: int) -> None:
 
 
 def test_lua_scripts_document_keys_argv_and_return() -> None:
-    lua = resources.files("celery_resilience.backout").joinpath("lua")
+    lua = resources.files("celery_resilience.parked").joinpath("lua")
     scripts = [p for p in lua.iterdir() if p.name.endswith(".lua")]
     assert {p.name for p in scripts} >= {"park.lua", "delete.lua", "mark_dead.lua"}
     for script in scripts:

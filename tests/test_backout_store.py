@@ -14,7 +14,8 @@ import redis
 import redis.backoff
 import redis.retry
 
-from celery_resilience.backout import (
+from celery_resilience.errors import ConfigurationError, StoreUnavailable
+from celery_resilience.parked import (
     NO_BREAKER,
     MemoryBackoutStore,
     ParkedTask,
@@ -22,8 +23,7 @@ from celery_resilience.backout import (
     StoreFull,
     encode,
 )
-from celery_resilience.backout.entry import UNDECODABLE_TASK
-from celery_resilience.errors import ConfigurationError, StoreUnavailable
+from celery_resilience.parked.entry import UNDECODABLE_TASK
 
 Store = MemoryBackoutStore | RedisBackoutStore
 MakeStore = Callable[..., Store]

@@ -159,8 +159,8 @@ def test_list_shows_the_configured_stores_entries(
 
 
 def test_the_page_shows_the_right_store_kind(resilience: Resilience) -> None:
-    from celery_resilience.backout import RedisBackoutStore
     from celery_resilience.contrib.django.store import DjangoBackoutStore
+    from celery_resilience.parked import RedisBackoutStore
 
     kind = resilience.app.conf.resilience_backout_store
     expected = DjangoBackoutStore if kind == "django" else RedisBackoutStore

@@ -20,9 +20,9 @@ import redis
 from celery import Celery
 
 from celery_resilience import ParkedTask, Resilience
-from celery_resilience.backout.entry import UNDECODABLE_TASK
 from celery_resilience.contrib.django.store import DjangoBackoutStore, make_store
 from celery_resilience.errors import ConfigurationError, StoreUnavailable
+from celery_resilience.parked.entry import UNDECODABLE_TASK
 from tests import django_settings
 
 TASK = "store_test.charge"

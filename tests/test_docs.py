@@ -36,10 +36,10 @@ import redis
 from celery import Celery
 
 from celery_resilience import ResilientTask, backoff
-from celery_resilience.backout import BackoutKeys
 from celery_resilience.breaker.redis import RedisBreakerStore
 from celery_resilience.breaker.store import Delivery
 from celery_resilience.config import SETTINGS, BreakerConfig, ResilienceConfig
+from celery_resilience.parked import BackoutKeys
 
 pytest_plugins = ("pytester",)
 

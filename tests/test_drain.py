@@ -21,9 +21,9 @@ import redis
 from celery import Celery
 
 from celery_resilience import ParkedTask, Resilience, drain
-from celery_resilience.backout import MemoryBackoutStore, RedisBackoutStore
 from celery_resilience.breaker import MemoryBreakerStore
 from celery_resilience.drain import PUBLISH_RETRY_DELAY, Drainer, DrainReport
+from celery_resilience.parked import MemoryBackoutStore, RedisBackoutStore
 
 TASK = "t.charge"
 KINDS = ["redis", "memory"]

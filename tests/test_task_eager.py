@@ -27,10 +27,10 @@ from celery import Celery, current_task, states
 from celery.app.trace import build_tracer
 
 from celery_resilience import BreakerOpen, Resilience, ResilientTask, StoreUnavailable, backoff
-from celery_resilience.backout import MemoryBackoutStore, ParkedTask, StoreFull
 from celery_resilience.breaker import MemoryBreakerStore
 from celery_resilience.config import ResilienceConfig
 from celery_resilience.headers import REPLAYS_HEADER, entry_id
+from celery_resilience.parked import MemoryBackoutStore, ParkedTask, StoreFull
 
 BREAKERS = {
     # Roomy: a whole retry chain fails without opening it.

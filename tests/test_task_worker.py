@@ -24,7 +24,7 @@ import redis
 from celery import Celery
 
 from celery_resilience import Resilience
-from celery_resilience.backout.entry import ParkedTask
+from celery_resilience.parked.entry import ParkedTask
 
 from .worker_process import WorkerProcess
 from .workerapp import broker_keyprefix, make_app

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import click
 from celery.bin.base import CeleryCommand
 
-from ..backout.store import NO_BREAKER
+from ..parked.store import NO_BREAKER
 from .group import resilience
 from .output import emit, json_option, known_breaker, resilience_of, table, when
 

@@ -8,8 +8,8 @@ import sys
 import click
 from celery.bin.base import CeleryCommand
 
-from ..backout.entry import ParkedTask
 from ..errors import ResilienceError
+from ..parked.entry import ParkedTask
 from ..redact import redact
 from ..resilience import Resilience
 from .group import resilience

@@ -10,9 +10,9 @@ from typing import Any, TypeVar
 
 import click
 
-from ..backout.entry import REASONS, STATUSES, ParkedTask
-from ..backout.store import NO_BREAKER
 from ..errors import ConfigurationError
+from ..parked.entry import REASONS, STATUSES, ParkedTask
+from ..parked.store import NO_BREAKER
 from ..redact import redact
 from ..resilience import Resilience
 

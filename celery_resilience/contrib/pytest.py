@@ -26,10 +26,10 @@ from typing import Any
 import pytest
 import redis
 
-from ..backout.entry import ParkedTask
 from ..breaker.breaker import Breaker
 from ..config import MEMORY_URL, ResilienceConfig
 from ..drain import DrainReport
+from ..parked.entry import ParkedTask
 from ..resilience import Resilience, forget, installed
 
 REDIS_URL_ENV = "RESILIENCE_TEST_REDIS_URL"

@@ -8,7 +8,7 @@ from typing import Any, Protocol
 from django.contrib import messages
 from django.utils.text import Truncator
 
-from ...backout.api import Backout
+from ...parked.view import Backout
 from ...redact import get_logger
 
 logger = get_logger("celery_resilience.admin")

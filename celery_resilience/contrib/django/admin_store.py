@@ -17,8 +17,8 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 
-from ...backout.entry import REASONS, STATUSES, ParkedTask
-from ...backout.store import NO_BREAKER
+from ...parked.entry import REASONS, STATUSES, ParkedTask
+from ...parked.store import NO_BREAKER
 from . import actions
 from .conf import resilience
 from .display import ACTION_FIELD, ACTIONS, DISCARD, REPLAY, SELECTED_FIELD, details, summary

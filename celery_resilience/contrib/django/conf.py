@@ -5,7 +5,7 @@
 usually makes current).
 
 The web process loads the app's task modules once, as a worker does at start
-(``publishing.load_task_modules``): otherwise a task found only by autodiscovery is not
+(``replay.load_task_modules``): otherwise a task found only by autodiscovery is not
 registered there, and the pages would show it as unknown.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...publishing import load_task_modules
+from ...replay import load_task_modules
 from ...resilience import Resilience
 
 SETTING = "CELERY_RESILIENCE_APP"

@@ -6,7 +6,7 @@ import json
 from datetime import datetime, timezone
 from typing import Any
 
-from ...backout.entry import ParkedTask
+from ...parked.entry import ParkedTask
 
 #: Admin POST fields of an action, as Django's own changelist uses them.
 ACTION_FIELD = "action"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from django.db import models
 
-from ...backout.entry import REASONS, STATUSES
+from ...parked.entry import REASONS, STATUSES
 
 
 class ParkedTaskRecord(models.Model):  # type: ignore[misc]  # Django is untyped here

@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING, Any, cast
 from django.db import IntegrityError, InterfaceError, OperationalError, connections, transaction
 from django.db.models import F
 
-from ...backout.entry import (
+from ...errors import ConfigurationError, StoreUnavailable
+from ...parked.entry import (
     UNDECODABLE_TASK,
     ParkedTask,
     Reason,
@@ -34,7 +35,7 @@ from ...backout.entry import (
     encode,
     store_accept,
 )
-from ...backout.store import (
+from ...parked.store import (
     HELD_REASONS,
     Meta,
     StoreFull,
@@ -44,7 +45,6 @@ from ...backout.store import (
     check_page,
     read_entry,
 )
-from ...errors import ConfigurationError, StoreUnavailable
 
 if TYPE_CHECKING:
     from ...resilience import Resilience

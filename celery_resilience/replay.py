@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from kombu.exceptions import OperationalError as KombuOperationalError
 
-from .backout.entry import ParkedTask
-from .backout.store import dead_reason
 from .headers import replay_headers
+from .parked.entry import ParkedTask
+from .parked.store import dead_reason
 from .redact import get_logger
 
 if TYPE_CHECKING:
