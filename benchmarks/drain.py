@@ -15,7 +15,7 @@ keys under ``<prefix>:broker:`` through kombu's ``global_keyprefix``):
    ``task-replayed`` event per entry, ack;
 3. drain, events off: the same with ``celery_resilience.drain.replay_dispatcher`` replaced by a
    no-op, so 2 - 3 is what the events cost;
-4. drain, publish off: the same with ``celery_resilience.drain.publish`` a no-op as well: what
+4. drain, publish off: the same with ``celery_resilience.sending.publish`` a no-op as well: what
    the claim, the checks of each entry and the ack cost;
 5. store claim + ack alone: ``claim`` a batch and ``ack`` it, in a loop, without a drain.
 
@@ -49,6 +49,7 @@ from celery import Celery
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import celery_resilience.drain as drain_module
+import celery_resilience.sending as sending_module
 from celery_resilience import ParkedTask, Resilience
 from celery_resilience.events import ReplayEvents
 
@@ -112,14 +113,14 @@ def _no_publish(resilience: Any, entry: Any, producer: Any = None) -> None:
 
 
 @contextlib.contextmanager
-def patched(name: str, replacement: Callable[..., Any]) -> Iterator[None]:
-    """Replace ``celery_resilience.drain.<name>`` (what the drainer looks up) for a while."""
-    original = getattr(drain_module, name)
-    setattr(drain_module, name, replacement)
+def patched(module: Any, name: str, replacement: Callable[..., Any]) -> Iterator[None]:
+    """Replace ``<module>.<name>`` (what the drainer looks up) for a while."""
+    original = getattr(module, name)
+    setattr(module, name, replacement)
     try:
         yield
     finally:
-        setattr(drain_module, name, original)
+        setattr(module, name, original)
 
 
 class Bench:
@@ -191,7 +192,7 @@ class Bench:
         # Warm-up: connections, script loading, queue declaration; not timed.
         self.raw(WARMUP)
         self.drain(WARMUP, "warm-up")
-        with patched("replay_dispatcher", _no_events):
+        with patched(drain_module, "replay_dispatcher", _no_events):
             self.drain(WARMUP, "warm-up")
         phases: list[list[Row]] = [[], [], [], [], []]
         runs = [
@@ -212,11 +213,14 @@ class Bench:
         return [best(phase) for phase in phases]
 
     def drain_without_events(self, n: int) -> Row:
-        with patched("replay_dispatcher", _no_events):
+        with patched(drain_module, "replay_dispatcher", _no_events):
             return self.drain(n, "drain, events off (no-op dispatcher)")
 
     def drain_store_only(self, n: int) -> Row:
-        with patched("replay_dispatcher", _no_events), patched("publish", _no_publish):
+        with (
+            patched(drain_module, "replay_dispatcher", _no_events),
+            patched(sending_module, "publish", _no_publish),
+        ):
             return self.drain(n, "drain, publish off too", publishes=False)
 
     def claim_and_ack(self, n: int) -> Row:

@@ -1,6 +1,6 @@
 """celery-resilience: shared circuit breakers, jittered retries and a back-out store for Celery."""
 
-from . import backoff, beat
+from . import backoff, beat, worker
 from .breaker import Breaker, Permit
 from .drain import DrainReport
 from .errors import BreakerOpen, ConfigurationError, ResilienceError, StoreUnavailable
@@ -9,6 +9,10 @@ from .resilience import Resilience
 from .task import ResilientTask
 
 __version__ = "0.1.0"
+
+# The package takes part in the worker's lifecycle (settings checked at start, fresh connections
+# in pool children, deferred records flushed at shutdown): installed once, here, for every app.
+worker.connect()
 
 __all__ = [
     "Breaker",

@@ -6,6 +6,8 @@ calls. Durations are seconds (float); ``datetime.timedelta`` is accepted and con
 
 Pick :class:`Exponential` (full jitter) by default, :class:`DecorrelatedJitter` when every retry
 must wait at least ``base``, and :class:`Constant` when the remote side dictates a fixed pause.
+Any ``Callable[[int], float]`` is a strategy too, so a strategy of one's own can wrap these
+(``lambda attempt: min(60.0, Exponential()(attempt) + 1.0)``).
 """
 
 from __future__ import annotations
@@ -26,13 +28,27 @@ _JITTERS = ("full", "equal", None)
 
 @runtime_checkable
 class BackoffStrategy(Protocol):
-    """Anything that maps a retry attempt (0-based) to a delay in seconds."""
+    """A retry attempt (0-based) -> a delay in seconds: any such callable is a strategy, a plain
+    function or lambda included, so strategies compose as functions do."""
+
+    def __call__(self, attempt: int) -> float: ...
+
+
+@runtime_checkable
+class Bounded(Protocol):
+    """A strategy that knows its longest delay (the ones here do): the start-up check warns
+    when it is longer than ``resilience_max_countdown`` (such retries are parked instead)."""
 
     def __call__(self, attempt: int) -> float: ...
 
     def max_delay(self) -> float:
-        """The largest delay this strategy can return (to check it fits the broker)."""
+        """The largest delay this strategy can return (seconds)."""
         ...
+
+
+def max_delay(strategy: BackoffStrategy) -> float | None:
+    """The strategy's longest delay, or ``None`` if it does not say (a plain function)."""
+    return strategy.max_delay() if isinstance(strategy, Bounded) else None
 
 
 def _set_seconds(owner: object, name: str, ok: Callable[[float], bool], rule: str) -> float:

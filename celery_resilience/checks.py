@@ -8,16 +8,16 @@ Each finding says what to change. ``error`` where work would be lost or run twic
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import redis
 
+from .backoff import max_delay
 from .config import broker_countdown_limit
 from .redact import get_logger, redact
-
-if TYPE_CHECKING:
-    from .resilience import Resilience
+from .runtime import Runtime
 
 logger = get_logger("celery_resilience.checks")
 
@@ -28,10 +28,11 @@ class Finding:
     message: str
 
 
-def run_checks(resilience: Resilience) -> list[Finding]:
-    """Every finding for this app; Redis that can't be reached is a finding too."""
-    findings = _settings(resilience)
-    if resilience.config.in_memory:
+def run_checks(runtime: Runtime, tasks: Iterable[Any] = ()) -> list[Finding]:
+    """Every finding for this app and its ``tasks`` (its ``ResilientTask`` instances); Redis that
+    can't be reached is a finding too."""
+    findings = _settings(runtime) + _tasks(runtime, tasks)
+    if runtime.config.in_memory:
         findings.append(
             Finding(
                 "warning",
@@ -41,9 +42,9 @@ def run_checks(resilience: Resilience) -> list[Finding]:
         )
         return findings
     try:
-        findings += _redis(resilience.redis)
+        findings += _redis(runtime.redis)
     except redis.RedisError as exc:
-        url = redact(resilience.config.redis_url)
+        url = redact(runtime.config.redis_url)
         findings.append(
             Finding("error", f"Redis at resilience_redis_url ({url}) unreachable: {exc}")
         )
@@ -56,24 +57,26 @@ def log_findings(findings: list[Finding]) -> None:
         logger.log(level, "celery-resilience check: %s", finding.message)
 
 
-def _settings(resilience: Resilience) -> list[Finding]:
-    from .task import ResilientTask
-
-    findings: list[Finding] = []
-    conf = resilience.app.conf
-    limit = broker_countdown_limit(conf)
-    if resilience.config.max_countdown >= limit:
-        findings.append(
-            Finding(
-                "error",
-                f"resilience_max_countdown ({resilience.config.max_countdown:.0f}s) is not below "
-                f"the broker's visibility timeout ({limit:.0f}s): a retry that long is "
-                "delivered twice. Lower resilience_max_countdown (or leave it unset).",
-            )
+def _settings(runtime: Runtime) -> list[Finding]:
+    limit = broker_countdown_limit(runtime.app.conf)
+    max_countdown = runtime.config.max_countdown
+    if max_countdown < limit:
+        return []
+    return [
+        Finding(
+            "error",
+            f"resilience_max_countdown ({max_countdown:.0f}s) is not below the broker's "
+            f"visibility timeout ({limit:.0f}s): a retry that long is delivered twice. Lower "
+            "resilience_max_countdown (or leave it unset).",
         )
-    for name, task in sorted(resilience.app.tasks.items()):
-        if not isinstance(task, ResilientTask):
-            continue
+    ]
+
+
+def _tasks(runtime: Runtime, tasks: Iterable[Any]) -> list[Finding]:
+    findings: list[Finding] = []
+    conf = runtime.app.conf
+    for task in sorted(tasks, key=lambda t: str(t.name)):
+        name = task.name
         if not _task_option(task, conf, "acks_late"):
             findings.append(
                 Finding(
@@ -89,6 +92,17 @@ def _settings(resilience: Resilience) -> list[Finding]:
                     f"{name} has acks_late but not reject_on_worker_lost: a pool child killed "
                     "mid-task acks and fails it. Set task_reject_on_worker_lost=True (the "
                     "redelivery guard, resilience_max_deliveries, stops crash loops).",
+                )
+            )
+        longest = max_delay(task.backoff)
+        if longest is not None and longest > runtime.config.max_countdown:
+            findings.append(
+                Finding(
+                    "warning",
+                    f"{name}'s backoff waits up to {longest:.0f}s, longer than "
+                    f"resilience_max_countdown ({runtime.config.max_countdown:.0f}s): such "
+                    "retries are parked until due (delay_too_long) instead of waiting in the "
+                    "broker. Lower the backoff's cap if they should stay in the broker.",
                 )
             )
     return findings

@@ -1,8 +1,8 @@
-"""Bringing parked work back: the drain (claim under a lease, publish, ack) and replay.
+"""The drain: bringing parked work back (claim under a lease, publish, ack).
 
 At-least-once: an entry is removed only after its publish returned; a drainer that dies leaves
 its claimed entries to come due again when their lease ends (duplicates: at most one batch).
-One drainer at a time: a Redis lock with a token and an expiry, renewed every batch.
+One drainer at a time (``drain_lock.py``), the lock renewed after every batch.
 Gating: a breaker that is open releases nothing, a half-open one no more than its free probe
 permits (the probes decide), a closed one at ``resilience_drain_rate`` tasks/s.
 """
@@ -10,27 +10,22 @@ permits (the probes decide), a closed one at ``resilience_drain_rate`` tasks/s.
 from __future__ import annotations
 
 import math
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import redis
-from redis.exceptions import LockError
 
+from .drain_lock import drain_lock
 from .errors import StoreUnavailable
 from .events import replay_dispatcher
 from .headers import rejected_replays
 from .parked.entry import ParkedTask
-from .parked.redis import BackoutKeys
 from .parked.store import NO_BREAKER, BackoutStore, dead_reason, held
 from .redact import get_logger
-from .replay import BrokerErrors, PublishFailure, Refusal, preflight, publish
-
-if TYPE_CHECKING:
-    from .resilience import Resilience
+from .replay import Refusal, preflight
+from .runtime import Runtime
+from .sending import Sender
 
 logger = get_logger("celery_resilience.drain")
 
@@ -40,12 +35,6 @@ DEFAULT_LEASE = 60.0
 REJECTED_REPLAYS_FACTOR = 10
 #: When a publish fails, the entries it left are due again this much later (seconds).
 PUBLISH_RETRY_DELAY = 5.0
-#: Tries of one entry's publish before its error is taken for the entry's own.
-PUBLISH_TRIES = 3
-#: Entries refused in a row, none published, after which the broker is taken to be refusing
-#: everything (out of memory, read-only) rather than those entries.
-SUSPECTS_BEFORE_OUTAGE = 3
-_local_locks: dict[int, threading.Lock] = {}
 
 
 @dataclass
@@ -63,16 +52,6 @@ class DrainReport:
     def as_dict(self) -> dict[str, Any]:
         """The report as plain data (the ``celery_resilience.drain`` task's result)."""
         return asdict(self)
-
-
-@dataclass
-class Sent:
-    """What publishing a batch came to: published, failed (entry, failure), to give back."""
-
-    published: list[ParkedTask]
-    suspects: list[tuple[ParkedTask, PublishFailure]]
-    give_back: list[ParkedTask]
-    down: bool
 
 
 class TokenBucket:
@@ -95,52 +74,13 @@ class TokenBucket:
             time.sleep((min(n, self.capacity) - self.tokens) / self.rate)
 
 
-@contextmanager
-def drain_lock(resilience: Resilience, lease: float, wait: float = 0.0) -> Iterator[Any]:
-    """The one-drainer-at-a-time lock; yields ``None`` when someone else holds it.
-
-    It lives in the breakers' Redis whatever the store (a database store included), so it is
-    fleet-wide; only the ``memory://`` backend, one process by definition, uses a local lock.
-    """
-    store = resilience.backout_store
-    if not resilience.config.in_memory:
-        name = f"{BackoutKeys.for_prefix(resilience.config.key_prefix).tag}:drain-lock"
-        lock = resilience.redis.lock(name, timeout=lease, blocking=wait > 0, blocking_timeout=wait)
-        try:
-            acquired = lock.acquire()
-        except redis.RedisError as exc:
-            raise StoreUnavailable(f"drain lock unavailable: {exc}") from exc
-        if not acquired:
-            yield None
-            return
-        try:
-            yield lock
-        finally:
-            try:
-                lock.release()
-            except LockError:  # expired meanwhile: someone else may hold it now; not ours to free
-                logger.warning("Drain lock expired before release")
-            except redis.RedisError as exc:  # Redis went away: the lock expires by itself
-                logger.warning("Drain lock not released (%s); it expires in %.0fs", exc, lease)
-        return
-    local = _local_locks.setdefault(id(store), threading.Lock())
-    acquired = local.acquire(timeout=wait) if wait > 0 else local.acquire(blocking=False)
-    if not acquired:
-        yield None
-        return
-    try:
-        yield local
-    finally:
-        local.release()
-
-
 class Drainer:
     """One drain run over the breakers asked for (all that have parked entries by default)."""
 
-    def __init__(self, resilience: Resilience, lease: float = DEFAULT_LEASE) -> None:
-        self.resilience = resilience
-        self.store: BackoutStore = resilience.backout_store
-        self.config = resilience.config
+    def __init__(self, runtime: Runtime, lease: float = DEFAULT_LEASE) -> None:
+        self.runtime = runtime
+        self.store: BackoutStore = runtime.backout_store
+        self.config = runtime.config
         self.lease = lease
         self.bucket = TokenBucket(self.config.drain_rate, self.config.drain_batch)
 
@@ -151,7 +91,7 @@ class Drainer:
         # its tokens, and must then still be published within the lease.
         lock_ttl = self.lease + self.config.drain_batch / self.config.drain_rate
         try:
-            with drain_lock(self.resilience, lock_ttl) as lock:
+            with drain_lock(self.runtime, lock_ttl) as lock:
                 if lock is None:
                     report.locked = True
                     logger.info("Drain skipped: another drain is running")
@@ -190,7 +130,7 @@ class Drainer:
         """How many entries the breaker lets through now: ``None`` = no gate, 0 = none."""
         if name == NO_BREAKER:
             return None
-        breaker = self.resilience.breaker(name)
+        breaker = self.runtime.breaker(name)
         snap = breaker.snapshot()
         state = snap["state"]
         if state in ("closed", "forced_closed"):
@@ -240,7 +180,7 @@ class Drainer:
         rest. An error that belongs to one entry never stops the entries behind it.
 
         Returns (published, dead, whether the broker looked down)."""
-        now = self.resilience.now()
+        now = self.runtime.now()
         ready: list[ParkedTask] = []
         dead: list[tuple[ParkedTask, str]] = []
         for entry in claimed:
@@ -253,10 +193,10 @@ class Drainer:
             else:
                 dead.append((entry, refusal.dead_reason))
         with (
-            self.resilience.app.producer_or_acquire() as producer,
-            replay_dispatcher(self.resilience.app) as events,
+            self.runtime.app.producer_or_acquire() as producer,
+            replay_dispatcher(self.runtime.app) as events,
         ):
-            sent = self._send(ready, producer, BrokerErrors(self.resilience.app))
+            sent = Sender(self.runtime, producer).send(ready)
             for entry in sent.published:
                 events.replayed(entry)  # after the publish: the entry is on its way now
         if sent.down:
@@ -276,82 +216,8 @@ class Drainer:
         report.dead += len(dead)
         return len(sent.published), len(dead), sent.down
 
-    def _send(self, entries: list[ParkedTask], producer: Any, errors: BrokerErrors) -> Sent:
-        """Publish ``entries`` in one batch where the transport can (kombu's ``Producer.batch``:
-        one Redis pipeline), and one by one where it can't or the batch as a whole failed."""
-        if not entries or not producer.supports_batch_publish:
-            return self._send_one_by_one(entries, producer, errors)
-        buffered: list[ParkedTask] = []
-        made_badly: list[tuple[ParkedTask, PublishFailure]] = []
-        rest: list[ParkedTask] = []
-        try:
-            # Room for every command of the batch: kombu would flush early otherwise, and a
-            # failed early flush would surface as the error of whichever entry came next.
-            with producer.batch(max_size=4 * len(entries) + 16):
-                for index, entry in enumerate(entries):
-                    try:
-                        publish(self.resilience, entry, producer)
-                    except Exception as exc:
-                        failure = errors.classify(exc)
-                        if failure.kind == "outage":  # the broker went away: send what is in
-                            rest = entries[index:]
-                            break
-                        made_badly.append((entry, failure))  # the message could not be made
-                    else:
-                        buffered.append(entry)
-        except Exception as exc:  # the batch went to the broker and failed there
-            failure = errors.classify(exc)
-            logger.warning("Publishing a batch of %d failed (%s)", len(buffered), failure)
-            if failure.kind == "outage":
-                return Sent([], [], entries, down=True)
-            # Refused: find which entry, one by one (those the broker took meanwhile go twice).
-            again = self._send_one_by_one(buffered, producer, errors)
-            again.suspects += made_badly
-            return again
-        return Sent(buffered, made_badly, rest, down=bool(rest))
-
-    def _send_one_by_one(
-        self, entries: list[ParkedTask], producer: Any, errors: BrokerErrors
-    ) -> Sent:
-        sent = Sent([], [], [], down=False)
-        for index, entry in enumerate(entries):
-            failure = self._publish(entry, producer, errors)
-            if failure is None:
-                sent.published.append(entry)
-                continue
-            sent.suspects.append((entry, failure))
-            refused_all = not sent.published and all(f.kind == "refused" for _, f in sent.suspects)
-            if failure.kind == "outage" or (
-                refused_all and len(sent.suspects) >= SUSPECTS_BEFORE_OUTAGE
-            ):
-                # The broker is down, or refuses everything: stop, give the rest back.
-                logger.error(
-                    "Publishing %s[%s] failed: %s", entry.task_name, entry.task_id, failure
-                )
-                sent.down = True
-                sent.give_back += [e for e, _ in sent.suspects] + entries[index + 1 :]
-                sent.suspects = []
-                break
-        return sent
-
-    def _publish(
-        self, entry: ParkedTask, producer: Any, errors: BrokerErrors
-    ) -> PublishFailure | None:
-        """Publish ``entry``, a few tries unless the broker is down; ``None`` once it went out."""
-        failure = None
-        for _ in range(PUBLISH_TRIES):
-            try:
-                publish(self.resilience, entry, producer)
-            except Exception as exc:
-                failure = errors.classify(exc)
-                if failure.kind == "outage":
-                    break
-            else:
-                return None
-        return failure
-
     def _refusal(self, entry: ParkedTask, now: float) -> Refusal | None:
-        refusal = preflight(self.resilience, entry, now)
+        refusal = preflight(self.runtime, entry, now)
         if refusal is not None:
             return refusal
         rejected = rejected_replays(entry.options.get("headers"))
@@ -365,33 +231,6 @@ class Drainer:
                 f"{entry.task_name}[{entry.task_id}] was replayed {entry.replays} times",
             )
         return None
-
-
-def replay(resilience: Resilience, entry_id: str) -> ParkedTask:
-    """Publish one entry now, whatever its breaker says (a person asked), then remove it.
-
-    ``KeyError`` if absent; ``ValueError`` saying why if a worker would refuse it (an expired
-    entry is marked dead on the way, as the drain would).
-    """
-    store = resilience.backout_store
-    with drain_lock(resilience, DEFAULT_LEASE, wait=10.0) as lock:
-        if lock is None:
-            raise TimeoutError("a drain holds the lock; try again in a moment")
-        entry = store.get(entry_id)
-        if entry is None:
-            raise KeyError(entry_id)
-        refusal = preflight(resilience, entry, resilience.now())
-        if refusal is not None:
-            if refusal.dead_reason == "expired":
-                store.mark_dead(entry_id, refusal.dead_reason)
-            raise ValueError(refusal.message)
-        publish(resilience, entry)
-        with replay_dispatcher(resilience.app) as events:
-            events.replayed(entry)
-        store.delete(entry_id)
-        store.bump({f"replayed|{_internal(entry.breaker or NO_BREAKER)}": 1})
-    logger.warning("Replayed %s[%s] (entry %s)", entry.task_name, entry.task_id, entry_id)
-    return entry
 
 
 def _counters(report: DrainReport) -> dict[str, float]:

@@ -9,14 +9,24 @@ Mount :class:`ResilienceCollector` in an existing exporter, or run
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from .breaker.model import STATES
+from .breaker.breaker import Breaker
+from .breaker.types import STATES
 from .parked.entry import STATUSES
-from .parked.store import NO_BREAKER
+from .parked.store import NO_BREAKER, BackoutStore
 
-if TYPE_CHECKING:
-    from .resilience import Resilience
+
+class Source(Protocol):
+    """What the metrics read: an app's ``Resilience``, or its runtime."""
+
+    @property
+    def backout_store(self) -> BackoutStore: ...
+
+    def breaker(self, name: str) -> Breaker: ...
+
+    def breaker_names(self) -> list[str]: ...
+
 
 PREFIX = "celery_resilience"
 _TRANSITIONS = ("opened", "half_opened", "closed")
@@ -29,7 +39,7 @@ def _label(breaker: str) -> str:
 class ResilienceCollector:
     """A ``prometheus_client`` collector over one app's breakers and back-out store."""
 
-    def __init__(self, resilience: Resilience) -> None:
+    def __init__(self, resilience: Source) -> None:
         self.resilience = resilience
 
     def describe(self) -> list[Any]:
@@ -115,7 +125,7 @@ class ResilienceCollector:
         yield seconds
 
 
-def serve(resilience: Resilience, port: int, addr: str = "127.0.0.1") -> Any:
+def serve(resilience: Source, port: int, addr: str = "127.0.0.1") -> Any:
     """Serve ``/metrics`` for this app on ``addr:port`` in a background thread."""
     from prometheus_client import CollectorRegistry, start_http_server
 

@@ -10,14 +10,12 @@ the store's yes and the ack duplicates at worst, never loses: the entry id is de
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .headers import REJECTED_HEADER, entry_id, publish_options, replays_of, request_header
 from .parked.entry import ParkedTask, Reason
+from .parked.store import EntryStore
 from .redact import get_logger
-
-if TYPE_CHECKING:
-    from .resilience import Resilience
 
 logger = get_logger("celery_resilience.park")
 
@@ -57,10 +55,10 @@ def new_entry(
     ).replace(id=entry_id(request.id, replays, retries))
 
 
-def store(resilience: Resilience, entry: ParkedTask) -> None:
+def store(store: EntryStore, entry: ParkedTask) -> None:
     """Write ``entry`` to the back-out store; any error is the caller's to handle (keep the
     message in the broker): nothing here decides that a task may be lost."""
-    resilience.backout_store.park(entry)
+    store.park(entry)
     logger.warning(
         "Parked %s[%s] reason=%s breaker=%s entry=%s%s",
         entry.task_name,

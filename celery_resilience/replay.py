@@ -1,5 +1,9 @@
-"""Sending a parked entry again: the one preflight (the checks a worker would make), the publish,
-and telling a broker outage from an entry that the broker will never take."""
+"""Replaying a parked entry: the one preflight (what a worker would refuse it for), the publish
+with its task id and options, and a replay on demand (a person asked).
+
+The drain uses the preflight and the publish for every entry it releases; ``sending.py`` sends
+them in batches.
+"""
 
 from __future__ import annotations
 
@@ -7,17 +11,18 @@ import threading
 import weakref
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any
 
-from kombu.exceptions import OperationalError as KombuOperationalError
-
+from .drain_lock import drain_lock
+from .events import replay_dispatcher
 from .headers import replay_headers
 from .parked.entry import ParkedTask
-from .parked.store import dead_reason
+from .parked.store import breaker_key, dead_reason
 from .redact import get_logger
+from .runtime import Runtime
 
-if TYPE_CHECKING:
-    from .resilience import Resilience
+#: Seconds a replay on demand holds the drain lock at most.
+REPLAY_LEASE = 60.0
 
 logger = get_logger("celery_resilience.drain")
 
@@ -30,7 +35,7 @@ class Refusal:
     message: str
 
 
-def preflight(resilience: Resilience, entry: ParkedTask, now: float) -> Refusal | None:
+def preflight(runtime: Runtime, entry: ParkedTask, now: float) -> Refusal | None:
     """What a worker would refuse this entry for, checked before it is published (``None``: go).
 
     The one place these checks live: the drain marks a refused entry dead, a replay on demand
@@ -39,11 +44,11 @@ def preflight(resilience: Resilience, entry: ParkedTask, now: float) -> Refusal 
     if entry.status == "dead" or entry.dead_reason:  # undecodable, or unreadable metadata
         reason = entry.dead_reason or "undecodable"
         return Refusal(reason, entry.exc_message or f"entry {entry.id} is {reason}")
-    app = resilience.app
+    app = runtime.app
     if not is_registered(app, entry.task_name):
         return Refusal("unregistered", f"task {entry.task_name!r} is not registered in this app")
     try:
-        check_arguments(resilience, entry)
+        check_arguments(runtime, entry)
     except TypeError as exc:  # the args no longer fit the task's signature
         message = f"arguments don't fit {entry.task_name}: {exc}"
         return Refusal(dead_reason("bad_arguments", str(exc)), message)
@@ -78,7 +83,7 @@ def expiry(entry: ParkedTask, app: Any) -> float | None:
     return moment.timestamp()
 
 
-def publish(resilience: Resilience, entry: ParkedTask, producer: Any = None) -> None:
+def publish(runtime: Runtime, entry: ParkedTask, producer: Any = None) -> None:
     """Send ``entry`` again with its task id and options (checked by :func:`preflight` first).
 
     Through ``send_task``, which takes the registered task's own options and routes as
@@ -91,7 +96,7 @@ def publish(resilience: Resilience, entry: ParkedTask, producer: Any = None) -> 
     options = dict(entry.options)
     headers = replay_headers(options, entry.replays)
     options.pop("headers", None)
-    app = resilience.app
+    app = runtime.app
     if (
         app.conf.task_always_eager
     ):  # send_task ignores eager mode: run it at once, as a test expects
@@ -111,45 +116,6 @@ def publish(resilience: Resilience, entry: ParkedTask, producer: Any = None) -> 
         retry=False,
         **options,
     )
-
-
-@dataclass(frozen=True)
-class PublishFailure:
-    """A publish that failed: ``outage`` (the broker is unreachable: every publish would fail),
-    ``refused`` (the broker said no to this message: a queue it won't take, a size limit, a
-    permission, or a broker that refuses everything, such as one out of memory) or ``entry``
-    (the message could not even be made: the entry's own fault)."""
-
-    kind: Literal["outage", "refused", "entry"]
-    error: BaseException
-
-    def __str__(self) -> str:
-        return f"{type(self.error).__name__}: {self.error}"
-
-
-class BrokerErrors:
-    """Tells the kinds of :class:`PublishFailure` apart for the app's broker transport."""
-
-    def __init__(self, app: Any) -> None:
-        connection = app.connection_for_write()
-        try:
-            self.outage = tuple(connection.connection_errors)
-            self.refused = tuple(connection.channel_errors)
-        finally:
-            connection.release()
-
-    def classify(self, exc: BaseException) -> PublishFailure:
-        # kombu re-raises transport errors as its OperationalError, the original as the cause.
-        root = exc
-        while isinstance(root, KombuOperationalError) and root.__cause__ is not None:
-            root = root.__cause__
-        if isinstance(root, self.outage):
-            return PublishFailure("outage", root)
-        if isinstance(root, self.refused):
-            return PublishFailure("refused", root)
-        if isinstance(root, KombuOperationalError):  # kombu's own, with nothing beneath it
-            return PublishFailure("outage", root)
-        return PublishFailure("entry", root)
 
 
 _loaded: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -180,9 +146,36 @@ def is_registered(app: Any, name: str) -> bool:
     return name in app.tasks
 
 
-def check_arguments(resilience: Resilience, entry: ParkedTask) -> None:
+def check_arguments(runtime: Runtime, entry: ParkedTask) -> None:
     """Celery's own check of args against the task's signature (``TypeError`` if they don't fit)."""
-    task = resilience.app.tasks[entry.task_name]
+    task = runtime.app.tasks[entry.task_name]
     header = getattr(task, "__header__", None)
     if header is not None and getattr(task, "typing", True):
         header(*entry.args, **entry.kwargs)
+
+
+def replay(runtime: Runtime, entry_id: str) -> ParkedTask:
+    """Publish one entry now, whatever its breaker says (a person asked), then remove it.
+
+    ``KeyError`` if absent; ``ValueError`` saying why if a worker would refuse it (an expired
+    entry is marked dead on the way, as the drain would).
+    """
+    store = runtime.backout_store
+    with drain_lock(runtime, REPLAY_LEASE, wait=10.0) as lock:
+        if lock is None:
+            raise TimeoutError("a drain holds the lock; try again in a moment")
+        entry = store.get(entry_id)
+        if entry is None:
+            raise KeyError(entry_id)
+        refusal = preflight(runtime, entry, runtime.now())
+        if refusal is not None:
+            if refusal.dead_reason == "expired":
+                store.mark_dead(entry_id, refusal.dead_reason)
+            raise ValueError(refusal.message)
+        publish(runtime, entry)
+        with replay_dispatcher(runtime.app) as events:
+            events.replayed(entry)
+        store.delete(entry_id)
+        store.bump({f"replayed|{breaker_key(entry.breaker)}": 1})
+    logger.warning("Replayed %s[%s] (entry %s)", entry.task_name, entry.task_id, entry_id)
+    return entry

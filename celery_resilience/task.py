@@ -19,19 +19,20 @@ from typing import Any, NoReturn
 from celery import Task
 from celery.exceptions import Ignore, Reject, Retry
 
-from . import parking, signals
+from . import parking
 from .backoff import BackoffStrategy, Exponential
-from .breaker.breaker import Admission, Permit
+from .breaker.permit import Admission, Permit
 from .breaker.store import Delivery
+from .config import exception_types
 from .errors import BreakerOpen, ConfigurationError
 from .events import send_task_parked
 from .headers import redelivered, replays_of
 from .parked.entry import ParkedTask, Reason
 from .redact import get_logger
-from .resilience import Resilience
+from .runtime import Runtime
+from .signals import task_parked
 
 logger = get_logger("celery_resilience.task")
-signals.connect()
 
 ON_OPEN = ("park", "retry")
 #: The admission of a task without a breaker and without delivery questions.
@@ -40,13 +41,6 @@ PARKED = "PARKED"
 #: Pause before a requeue (the broker took neither a retry nor a kept copy): a requeued message
 #: comes straight back, and this keeps such a loop from spinning while both are down.
 REQUEUE_PAUSE = 1.0
-
-
-def _exception_types(task: str, option: str, value: Any) -> tuple[type[BaseException], ...]:
-    items = value if isinstance(value, (tuple, list)) else (value,)
-    if not all(isinstance(t, type) and issubclass(t, BaseException) for t in items):
-        raise ConfigurationError(f"{task}.{option} must be exception classes, got {value!r}")
-    return tuple(items)
 
 
 class ResilientTask(Task):  # type: ignore[misc]
@@ -75,15 +69,16 @@ class ResilientTask(Task):  # type: ignore[misc]
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         name = cls.__dict__.get("name") or cls.__qualname__
-        cls.retry_on = _exception_types(name, "retry_on", cls.retry_on)
-        cls.park_on = _exception_types(name, "park_on", cls.park_on)
+        cls.retry_on = exception_types(name, "retry_on", cls.retry_on)
+        cls.park_on = exception_types(name, "park_on", cls.park_on)
         if cls.on_open not in ON_OPEN:
             raise ConfigurationError(
                 f"{name}.on_open must be 'park' or 'retry', got {cls.on_open!r}"
             )
-        if not isinstance(cls.backoff, BackoffStrategy):
+        if not callable(cls.backoff):
             raise ConfigurationError(
-                f"{name}.backoff must be a backoff strategy, got {cls.backoff!r}"
+                f"{name}.backoff must be a backoff strategy (attempt -> seconds), "
+                f"got {cls.backoff!r}"
             )
         retries = cls.max_retries
         if retries is not None and (
@@ -94,9 +89,9 @@ class ResilientTask(Task):  # type: ignore[misc]
             raise ConfigurationError(f"{name}.breaker must be a breaker name, got {cls.breaker!r}")
 
     @property
-    def resilience(self) -> Resilience:
-        """The app's :class:`Resilience` (settings, breakers, back-out store)."""
-        return Resilience.for_app(self.app)
+    def runtime(self) -> Runtime:
+        """The app's runtime: settings, breakers, back-out store."""
+        return Runtime.for_app(self.app)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         request = self.request
@@ -124,7 +119,7 @@ class ResilientTask(Task):  # type: ignore[misc]
         except self.park_on as exc:
             # The dependency answered "not now": it is up, so a probe counts as a success.
             _settle(permit, "success")
-            due_in = self.resilience.config.park_on_due_in(replays_of(request))
+            due_in = self.runtime.config.park_on_due_in(replays_of(request))
             self._park("park_on", exc, request, due_in=due_in)
         except self.retry_on as exc:
             _settle(permit, "failure")
@@ -137,21 +132,21 @@ class ResilientTask(Task):  # type: ignore[misc]
         _settle(permit, "success")
         if self.deduplicate:
             try:
-                self.resilience.mark_done(self.breaker, request.id)
+                self.runtime.mark_done(self.breaker, request.id)
             except Exception:  # the work is done: bookkeeping must not turn it into a failure
                 logger.exception("Could not mark %s[%s] done", self.name, request.id)
         return result
 
     # -- steps ------------------------------------------------------------------------------
     def _admit(self, request: Any) -> Admission:
-        resilience = Resilience.for_app(self.app)
+        runtime = Runtime.for_app(self.app)
         # Only a redelivery is counted (a first delivery can't be a crash loop): no key per task.
         count = bool(self.acks_late) and redelivered(request)
         if not count and not self.deduplicate:  # the common case: the breaker alone
             if self.breaker is None:
                 return _NOTHING_ASKED
-            return resilience.breaker(self.breaker).admit()
-        config = resilience.config
+            return runtime.breaker(self.breaker).admit()
+        config = runtime.config
         delivery = Delivery(
             task_id=request.id,
             retries=request.retries or 0,
@@ -162,8 +157,8 @@ class ResilientTask(Task):  # type: ignore[misc]
             max_deliveries=config.max_deliveries if self.acks_late else 0,
         )
         if self.breaker is not None:
-            return resilience.breaker(self.breaker).admit(delivery)
-        return resilience.deliver(None, delivery)
+            return runtime.breaker(self.breaker).admit(delivery)
+        return runtime.deliver(None, delivery)
 
     def _rejected(self, rejected: BreakerOpen, request: Any) -> NoReturn:
         if self.on_open == "retry":
@@ -178,7 +173,7 @@ class ResilientTask(Task):  # type: ignore[misc]
             reason: Reason = "breaker_open" if isinstance(exc, BreakerOpen) else "retries_exhausted"
             self._park(reason, exc, request, due_in=self.backoff(retries))
         countdown = self.backoff(retries) if delay is None else delay
-        if countdown > self.resilience.config.max_countdown:
+        if countdown > self.runtime.config.max_countdown:
             # kombu redelivers ETA messages held past the visibility timeout: park instead.
             self._park("delay_too_long", exc, request, due_in=countdown)
         logger.info(
@@ -197,29 +192,29 @@ class ResilientTask(Task):  # type: ignore[misc]
             # Reject(requeue=False), and with acks_late the message would be gone.
             self._send_again(request, countdown, retries + 1)
         except Exception as publish_error:
-            self.resilience.retry_trouble.failed(
+            self.runtime.retry_trouble.failed(
                 publish_error,
                 "Could not publish the retry of %s[%s]; parked until it was due",
                 self.name,
                 request.id,
             )
             self._park("delay_too_long", exc, request, due_in=countdown)
-        self.resilience.retry_trouble.ok()
-        self.resilience.count_retry(self.breaker)
+        self.runtime.retry_trouble.ok()
+        self.runtime.count_retry(self.breaker)
         raise Retry(exc=exc, when=countdown)
 
     def _park(
         self, reason: Reason, exc: BaseException | None, request: Any, due_in: float = 0.0
     ) -> NoReturn:
         try:
-            resilience = self.resilience
+            runtime = self.runtime
             options = self.signature_from_request(request).options
             entry = parking.new_entry(
-                self.name, request, options, self.breaker, reason, exc, resilience.now(), due_in
+                self.name, request, options, self.breaker, reason, exc, runtime.now(), due_in
             )
-            parking.store(resilience, entry)
+            parking.store(runtime.backout_store, entry)
         except Exception as trouble:  # whatever the store answered: the message must stay
-            self.resilience.park_trouble.failed(
+            self.runtime.park_trouble.failed(
                 trouble,
                 "Could not park %s[%s] (%s); kept in the broker",
                 self.name,
@@ -227,7 +222,7 @@ class ResilientTask(Task):  # type: ignore[misc]
                 reason,
             )
             self._keep(request, trouble)
-        self.resilience.park_trouble.ok()
+        self.runtime.park_trouble.ok()
         self._announce_parked(entry, request)
         raise Ignore()  # the message is acked only now, after the entry is stored
 
@@ -239,14 +234,14 @@ class ResilientTask(Task):  # type: ignore[misc]
             except Exception:  # the entry is safe; a result backend hiccup must not undo that
                 logger.exception("Could not store state PARKED for %s", request.id)
         send_task_parked(self, entry)
-        signals.task_parked.send(sender=self, entry=entry, request=request)
+        task_parked.send(sender=self, entry=entry, request=request)
 
     def _keep(self, request: Any, trouble: Exception) -> NoReturn:
         """Our side failed (admission, the store): the message stays in the broker."""
         if request.is_eager:
             raise trouble  # no broker to wait in: the caller sees the error
         try:
-            delay = self.resilience.config.keep_delay
+            delay = self.runtime.config.keep_delay
             self._send_again(request, delay, request.retries or 0)
         except Exception as publish_error:
             logger.error(
@@ -281,3 +276,8 @@ def _settle(permit: Permit | None, outcome: str) -> None:
             permit.release()
     except Exception:
         logger.exception("Could not record the outcome of a %s call", permit.breaker.name)
+
+
+def resilient_tasks(app: Any) -> list[ResilientTask]:
+    """The app's tasks that are ``ResilientTask`` (what the start-up checks look at)."""
+    return [task for task in app.tasks.values() if isinstance(task, ResilientTask)]

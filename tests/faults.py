@@ -24,9 +24,10 @@ import socket
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from importlib import resources
 
 import redis
+
+from celery_resilience.redis_io import script_source
 
 from .redis_server import free_port
 
@@ -208,17 +209,11 @@ class FaultProxy:
 def script_sha(path: str) -> bytes:
     """The SHA1 Redis knows a package script by (what EVALSHA carries), as bytes.
 
-    ``path`` is relative to the package, e.g. ``backout/lua/park.lua``. Breaker scripts are
-    loaded with their shared prelude, as ``breaker/redis.py`` does.
+    ``path`` is relative to the package, e.g. ``parked/lua/park.lua``; with the prelude and
+    head it is loaded with (``redis_io.script_source``).
     """
-    package = resources.files("celery_resilience")
-    if path.startswith("breaker/"):
-        from celery_resilience.breaker.redis import _load_script
-
-        name = path.rsplit("/", 1)[1].removesuffix(".lua")
-        text = _load_script(name)
-    else:
-        text = package.joinpath(path).read_text()
+    folder, name = path.removesuffix(".lua").split("/lua/")
+    text = script_source(f"celery_resilience.{folder}", name)
     return hashlib.sha1(text.encode()).hexdigest().encode()
 
 

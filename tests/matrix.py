@@ -169,7 +169,7 @@ class MatrixWorld:
         }
         self.app: Celery = make_app(self.admin_env)
         self.resilience = Resilience.for_app(self.app)
-        self.resilience.send_events = False
+        self.resilience.runtime.send_events = False
         self.workers: list[WorkerProcess] = []
 
     # -- processes -------------------------------------------------------------------------
@@ -187,16 +187,16 @@ class MatrixWorld:
         """A drain that goes through the proxies as the ACL user, as a beat-run one would."""
         app = make_app(self.env)
         resilience = Resilience(app)
-        resilience.send_events = False
+        resilience.runtime.send_events = False
         return resilience
 
     def start_drainer(self, lease: float = 2.0) -> subprocess.Popen[bytes]:
         """``Drainer(lease=...).run()`` in a process of its own (to be killed with -9)."""
         code = (
             "import os; from tests.workerapp import make_app; "
-            "from celery_resilience import Resilience; "
             "from celery_resilience.drain import Drainer; "
-            f"print(Drainer(Resilience(make_app(os.environ)), lease={lease}).run(), flush=True)"
+            "from celery_resilience.runtime import Runtime; "
+            f"print(Drainer(Runtime(make_app(os.environ)), lease={lease}).run(), flush=True)"
         )
         log = open(self.tmp_path / "drainer.log", "ab")  # noqa: SIM115 - closed with the process
         return subprocess.Popen(

@@ -29,7 +29,7 @@ import pytest
 from celery import Celery
 
 from celery_resilience import Resilience
-from celery_resilience.resilience import forget
+from celery_resilience.runtime import forget
 from example_project.demo import GatewayProcess
 from tests.browser import ROOT, Shop, chrome, missing_browser, wait_for
 
@@ -89,7 +89,7 @@ def store(redis_url: str, key_prefix: str) -> Iterator[Resilience]:
     app.conf.resilience_redis_url = redis_url
     app.conf.resilience_key_prefix = key_prefix
     resilience = Resilience.for_app(app)
-    resilience.send_events = False
+    resilience.runtime.send_events = False
     yield resilience
     forget(app)
 

@@ -440,7 +440,7 @@ Event = tuple[str, str, str]
 
 def listen(resilience: Resilience) -> list[Event]:
     events: list[Event] = []
-    resilience.transition_listeners.append(lambda *event: events.append(event))
+    resilience.runtime.transition_listeners.append(lambda *event: events.append(event))
     return events
 
 
@@ -484,7 +484,7 @@ def test_a_failing_listener_does_not_break_the_call(make_resilience, caplog) -> 
     def broken(*event: object) -> None:
         raise RuntimeError("listener bug")
 
-    resilience.transition_listeners.append(broken)
+    resilience.runtime.transition_listeners.append(broken)
     events = listen(resilience)
     fail(resilience.breaker("dep"))
     assert [e[1] for e in events] == ["opened"]

@@ -51,7 +51,7 @@ def make_resilience(redis_url: str, prefix: str, options: dict[str, Any]) -> Res
 def watch(resilience: Resilience) -> Counter[str]:
     """Count the transitions that this process's own script calls made."""
     seen: Counter[str] = Counter()
-    resilience.transition_listeners.append(
+    resilience.runtime.transition_listeners.append(
         lambda _name, transition, _state: seen.update([transition])
     )
     return seen
@@ -252,7 +252,7 @@ def test_probe_of_a_killed_process_is_released_when_its_lease_ends(
     assert popped is not None, "the probe holder never acquired"
     pid, kind, permit_id = popped[1].decode().split()
     assert (int(pid), kind) == (holder.pid, "probe")
-    probes_key = resilience.breaker_store.keys("dep")[1]  # type: ignore[attr-defined]
+    probes_key = resilience.runtime.breaker_store.keys("dep")[1]  # type: ignore[attr-defined]
     lease_end_us = int(redis_client.zscore(probes_key, permit_id))
     os.kill(holder.pid, signal.SIGKILL)
     holder.join(JOIN_TIMEOUT)

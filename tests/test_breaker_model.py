@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from celery_resilience.breaker import model
-from celery_resilience.breaker.model import BreakerState, Change, Decision, Limits
+from celery_resilience.breaker.types import BreakerState, Change, Decision, Kind, Limits
 from celery_resilience.config import BreakerConfig
 
 S = 1_000_000  # one second in microseconds
@@ -34,13 +34,13 @@ class Pinned:
         permit_id = next(self._ids)
         return model.acquire(self.state, self.limits, self.now, permit_id, deferred), permit_id
 
-    def permit(self) -> tuple[model.Kind, str]:
+    def permit(self) -> tuple[Kind, str]:
         decision, permit_id = self.acquire()
         assert decision.allowed, decision
         assert decision.kind is not None
         return decision.kind, permit_id
 
-    def record(self, permit: tuple[model.Kind, str], success: bool, deferred: int = 0) -> Change:
+    def record(self, permit: tuple[Kind, str], success: bool, deferred: int = 0) -> Change:
         kind, permit_id = permit
         return model.record(self.state, self.limits, self.now, kind, permit_id, success, deferred)
 

@@ -28,8 +28,8 @@ from hypothesis.stateful import (
 )
 
 from celery_resilience.breaker import MemoryBreakerStore, RedisBreakerStore, model
-from celery_resilience.breaker.model import BreakerState, Limits
 from celery_resilience.breaker.store import Delivery
+from celery_resilience.breaker.types import Action, BreakerState, Change, Decision, Kind, Limits
 from celery_resilience.breaker.watch import parse_change
 from celery_resilience.config import BreakerConfig
 from tests.conftest import REDIS_URL, delete_prefix
@@ -61,7 +61,7 @@ class BreakerAgreement(RuleBasedStateMachine):
         self.state = BreakerState()
         self.name = uuid.uuid4().hex[:10]
         self.now = START
-        self.permits: list[tuple[model.Kind, str]] = []
+        self.permits: list[tuple[Kind, str]] = []
         # The delivery questions, answered by the test itself: redeliveries and done task ids.
         self.redeliveries: dict[tuple[str, int], int] = {}
         self.done: set[str] = set()
@@ -78,7 +78,7 @@ class BreakerAgreement(RuleBasedStateMachine):
         if name == self.name:
             self.memory_changes.append((version, state, streak))
 
-    def _check_view(self, expected: model.Decision | model.Change, *got: Any) -> None:
+    def _check_view(self, expected: Decision | Change, *got: Any) -> None:
         for result in got:
             assert (result.version, result.streak) == (expected.version, expected.streak)
         if expected.version != self.version:
@@ -188,7 +188,7 @@ class BreakerAgreement(RuleBasedStateMachine):
         self.now += step
 
     @rule(action=st.sampled_from(["open", "closed", "reset", "reset", "reset"]))
-    def force(self, action: model.Action) -> None:
+    def force(self, action: Action) -> None:
         expected = model.force(self.state, action)
         got_redis = self.redis_store.force(self.name, self.limits, action, now_us=self.now)
         got_memory = self.memory_store.force(self.name, self.limits, action)

@@ -23,6 +23,7 @@ from celery import Celery
 
 from celery_resilience import Resilience, ResilientTask
 from celery_resilience.checks import Finding, log_findings, run_checks
+from celery_resilience.task import resilient_tasks
 
 from .redis_server import RedisServer, free_port
 from .worker_process import WorkerProcess
@@ -61,7 +62,7 @@ def make_app(redis_url: str, **conf: Any) -> Celery:
 def checks(app: Celery) -> list[Finding]:
     res = Resilience(app)
     try:
-        return run_checks(res)
+        return run_checks(res.runtime, resilient_tasks(app))
     finally:
         res.close()
 
@@ -207,7 +208,7 @@ def test_unreachable_redis_is_an_error() -> None:
 
 def test_in_memory_store_is_a_warning_not_an_unreachable_redis() -> None:
     app = Celery(f"checks-{uuid.uuid4().hex[:8]}", broker="memory://", set_as_current=False)
-    found = run_checks(Resilience(app))
+    found = run_checks(Resilience(app).runtime, resilient_tasks(app))
     assert [f.level for f in found] == ["warning"], found
     assert found[0].message.startswith("resilience_redis_url is memory://")
 

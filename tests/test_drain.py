@@ -20,10 +20,11 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_resilience import ParkedTask, Resilience, drain
+from celery_resilience import ParkedTask, Resilience, drain, replay, sending
 from celery_resilience.breaker import MemoryBreakerStore
 from celery_resilience.drain import PUBLISH_RETRY_DELAY, Drainer, DrainReport
 from celery_resilience.parked import MemoryBackoutStore, RedisBackoutStore
+from celery_resilience.runtime import Runtime
 
 TASK = "t.charge"
 KINDS = ["redis", "memory"]
@@ -117,7 +118,7 @@ def make_resilience(redis_url: str, key_prefix: str, queue: str) -> Iterator[Mak
         app.conf.update({f"resilience_{name}": value for name, value in settings.items()})
         app.task(name=TASK)(charge)
         if kind == "memory":
-            breakers = like.breaker_store if like else MemoryBreakerStore()
+            breakers = like.runtime.breaker_store if like else MemoryBreakerStore()
             backout = like.backout_store if like else MemoryBackoutStore()
             resilience = Resilience(app, breaker_store=breakers, backout=backout)
         else:
@@ -169,7 +170,8 @@ def park(
 
 
 class PublishSpy:
-    """Wraps ``drain.publish``: records each publish; ``hook(n, entry)`` runs before the n-th+1."""
+    """Wraps ``publish`` (the drain's and a replay's): records each publish; ``hook(n, entry)``
+    runs before the n-th+1."""
 
     def __init__(
         self,
@@ -179,17 +181,18 @@ class PublishSpy:
         self.task_ids: list[str] = []
         self.times: list[float] = []
         self._lock = threading.Lock()
-        original = drain.publish
+        original = sending.publish
 
-        def spy(resilience: Resilience, entry: ParkedTask, producer: Any = None) -> None:
+        def spy(runtime: Runtime, entry: ParkedTask, producer: Any = None) -> None:
             if hook is not None:
                 hook(len(self.task_ids), entry)
-            original(resilience, entry, producer)
+            original(runtime, entry, producer)
             with self._lock:
                 self.task_ids.append(entry.task_id)
                 self.times.append(time.monotonic())
 
-        monkeypatch.setattr(drain, "publish", spy)
+        monkeypatch.setattr(sending, "publish", spy)
+        monkeypatch.setattr(replay, "publish", spy)
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
@@ -556,7 +559,7 @@ def test_replay_of_an_expired_entry_refuses_and_marks_it_dead(
 
 def _drain_until_empty(resilience: Resilience, reports: list[DrainReport], stop: float) -> None:
     while resilience.backout_store.count() and time.monotonic() < stop:
-        report = Drainer(resilience).run()
+        report = Drainer(resilience.runtime).run()
         reports.append(report)
         if report.locked:
             time.sleep(0.005)
@@ -688,7 +691,7 @@ def test_pacing_longer_than_the_lease_neither_duplicates_nor_crashes(
 
     def run() -> None:
         try:
-            outcome["report"] = Drainer(first, lease=0.5).run()
+            outcome["report"] = Drainer(first.runtime, lease=0.5).run()
         except Exception as exc:
             outcome["error"] = exc
 
@@ -696,7 +699,7 @@ def test_pacing_longer_than_the_lease_neither_duplicates_nor_crashes(
     runner.start()
     late: list[DrainReport] = []
     while runner.is_alive():  # a second drainer keeps trying while the first one waits
-        late.append(Drainer(second, lease=0.5).run())
+        late.append(Drainer(second.runtime, lease=0.5).run())
         time.sleep(0.05)
     runner.join()
 

@@ -22,7 +22,7 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_resilience import ParkedTask, Resilience, drain
+from celery_resilience import ParkedTask, Resilience, sending
 from celery_resilience.drain import Drainer, DrainReport
 from celery_resilience.errors import StoreUnavailable
 from tests.redis_server import RedisServer
@@ -52,8 +52,8 @@ def make_resilience(
 
 
 def slowed_publish(seconds: float) -> Callable[..., None]:
-    """``drain.publish`` taking ``seconds`` longer each time (a slow broker)."""
-    original = drain.publish
+    """``sending.publish`` (the drain's) taking ``seconds`` longer each time (a slow broker)."""
+    original = sending.publish
 
     def slow(resilience: Resilience, entry: ParkedTask, producer: Any = None) -> None:
         time.sleep(seconds)
@@ -65,8 +65,8 @@ def slowed_publish(seconds: float) -> Callable[..., None]:
 def drain_in_child(broker_url: str, prefix: str, queue: str) -> None:
     """The drainer the test kills: one run, 20 ms a publish, ``LEASE`` lease."""
     resilience = make_resilience(broker_url, prefix, queue)
-    drain.publish = slowed_publish(0.02)  # type: ignore[assignment]
-    Drainer(resilience, lease=LEASE).run()
+    sending.publish = slowed_publish(0.02)  # type: ignore[assignment]
+    Drainer(resilience.runtime, lease=LEASE).run()
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
@@ -84,7 +84,7 @@ def drain_until(
     deadline = time.monotonic() + timeout
     while not done():
         assert time.monotonic() < deadline, f"drain did not finish: {reports[-3:]}"
-        report = Drainer(resilience, lease=LEASE).run()
+        report = Drainer(resilience.runtime, lease=LEASE).run()
         reports.append(report)
         if report.locked or not report.replayed:
             time.sleep(0.1)
@@ -168,7 +168,7 @@ def test_drainer_killed_mid_batch_loses_nothing(
 
     # ... the dead drainer's batch stays claimed, and its lock held, until they expire.
     assert store.in_flight() == BATCH
-    assert Drainer(resilience, lease=LEASE).run().locked
+    assert Drainer(resilience.runtime, lease=LEASE).run().locked
     assert store.count() == 200 - BATCH
 
     reports = drain_until(resilience, lambda: store.count() == 0, timeout=20.0)
@@ -211,13 +211,13 @@ def test_store_and_breakers_survive_a_redis_restart_mid_drain(
         assert before["held"]["state"] == "forced_open"
         dep = park(resilience, 200, queue, breaker="dep")
         stuck = park(resilience, 10, queue, breaker="down", tag="down")
-        monkeypatch.setattr(drain, "publish", slowed_publish(0.005))
+        monkeypatch.setattr(sending, "publish", slowed_publish(0.005))
 
         # When Redis restarts while a drain is publishing ...
         outcome = restart_during(
             server,
             how,
-            lambda: Drainer(resilience, lease=LEASE).run(),
+            lambda: Drainer(resilience.runtime, lease=LEASE).run(),
             lambda: sent_count(redis_client, queue) >= 2 * batch,
         )
         if "error" in outcome:  # the drain may stop at the outage: only a Redis error then

@@ -81,7 +81,7 @@ def drain_through_faults(world: MatrixWorld) -> Any:
     """One drain run as a beat-run drain does it: the ACL user, through the proxies."""
     resilience = world.drainer_app()
     try:
-        return Drainer(resilience, lease=LEASE).run()
+        return Drainer(resilience.runtime, lease=LEASE).run()
     finally:
         resilience.app.close()
 

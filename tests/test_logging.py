@@ -24,7 +24,7 @@ import pytest
 from celery import Celery
 
 from celery_resilience import BreakerOpen, ParkedTask, Resilience, ResilientTask
-from celery_resilience.drain import drain_lock
+from celery_resilience.drain_lock import drain_lock
 
 from .redis_server import RedisServer, free_port
 
@@ -87,7 +87,7 @@ def ours(caplog: pytest.LogCaptureFixture) -> list[tuple[str, str, str]]:
 def app(key_prefix: str, redis_url: str) -> Iterator[Celery]:
     app = make_app(key_prefix, redis_url)
     res = Resilience.for_app(app)
-    res.send_events = False  # these tests are about logs; nobody listens to events here
+    res.runtime.send_events = False  # these tests are about logs; nobody listens to events here
     yield app
     res.redis.close()
 
@@ -232,7 +232,7 @@ def test_one_summary_per_drain_run(app: Celery, caplog_all: pytest.LogCaptureFix
     assert records(caplog_all, DRAIN_LOG) == []
 
     # A run that finds another drain at work says so, once.
-    with drain_lock(res, 10.0) as lock:
+    with drain_lock(res.runtime, 10.0) as lock:
         assert lock is not None
         assert res.drain().locked
     assert records(caplog_all, DRAIN_LOG) == [("INFO", "Drain skipped: another drain is running")]
@@ -274,7 +274,7 @@ def test_redis_outage_logs_once_not_per_call(
 def test_redis_outage_and_recovery(key_prefix: str, caplog_all: pytest.LogCaptureFixture) -> None:
     with RedisServer() as server:
         res = Resilience(make_app(key_prefix, server.url))
-        res.send_events = False
+        res.runtime.send_events = False
         breaker = res.breaker("payments")
 
         def calls(n: int) -> None:

@@ -115,7 +115,7 @@ class World:
             "search": {"failure_threshold": 3, "open_timeout": 30.0},
         }
         self.res = Resilience.for_app(self.app)
-        self.res.send_events = False  # nobody listens; these tests are about Redis figures
+        self.res.runtime.send_events = False  # nobody listens; these tests are about Redis figures
         self.registry = CollectorRegistry()
         self.registry.register(ResilienceCollector(self.res))
         self.server = server
@@ -300,10 +300,10 @@ def _parks(world: World) -> None:
 
 
 def _retries(world: World) -> None:
-    """Retries counted by the task's retry path (``Resilience.count_retry``)."""
-    world.res.count_retry("payments")
-    world.res.count_retry("payments")
-    world.res.count_retry(None)
+    """Retries counted by the task's retry path (``Runtime.count_retry``)."""
+    world.res.runtime.count_retry("payments")
+    world.res.runtime.count_retry("payments")
+    world.res.runtime.count_retry(None)
     step = world.both()
     assert value(step, "retries_scheduled_total", breaker="payments") == 2
     assert value(step, "retries_scheduled_total", breaker="") == 1

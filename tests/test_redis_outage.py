@@ -289,11 +289,13 @@ def test_the_clock_falls_back_to_this_host_with_one_log_line(closed_port_url: st
 def test_a_record_whose_reply_is_lost_is_not_sent_twice(make_breaker, server) -> None:
     """The reply of a failure record is cut after Redis ran it: the client sees a connection
     error, and must not send the script again (the failure would count twice)."""
-    from celery_resilience.breaker.redis import _load_script
+    from celery_resilience.redis_io import script_source
     from tests.faults import FaultProxy, script_sha
 
     admin = server.client()
-    admin.script_load(_load_script("record"))  # the EVALSHA that is cut runs at once
+    admin.script_load(
+        script_source("celery_resilience.breaker", "record")
+    )  # the EVALSHA that is cut runs at once
     admin.close()
     proxy = FaultProxy(server.port)
     try:

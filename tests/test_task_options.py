@@ -11,6 +11,7 @@ would be built again, and raise, in every app finalized later in the process.
 from __future__ import annotations
 
 import re
+import socket
 from typing import Any
 
 import pytest
@@ -42,7 +43,7 @@ def make_task(app: Celery, **options: Any) -> Any:
     [
         ("on_open", "x"),
         ("retry_on", 5),
-        ("retry_on", (ConnectionError, "TimeoutError")),
+        ("retry_on", (ConnectionError, 5)),
         ("park_on", [ValueError, 5]),
         ("backoff", "fast"),
         ("backoff", 1.5),
@@ -75,7 +76,7 @@ def test_bad_option_on_a_subclass_raises_naming_the_class() -> None:
     with pytest.raises(ConfigurationError, match=re.escape("Sloppy.retry_on")):
 
         class Sloppy(ResilientTask):
-            retry_on = "ConnectionError"
+            retry_on = "no_such_module_xyz.Error"
 
 
 def test_options_as_class_attributes_of_a_subclass(app: Celery) -> None:
@@ -149,3 +150,14 @@ def test_good_options_are_accepted(app: Celery, options: dict[str, Any]) -> None
 
     for option, value in options.items():
         assert getattr(task, option) is value
+
+
+def test_exception_options_take_dotted_paths_as_the_breaker_ignore_setting_does(
+    app: Celery,
+) -> None:
+    task = make_task(
+        app, retry_on=("builtins.ConnectionError", "socket:timeout"), park_on="KeyError"
+    )
+
+    assert task.retry_on == (ConnectionError, socket.timeout)
+    assert task.park_on == (KeyError,)

@@ -1,9 +1,12 @@
-"""The breaker as callers see it: permits, ``call()``, operator orders, and the Redis policy.
+"""The breaker as callers see it: admission, ``call()``, operator orders, transition listeners.
 
 The protocol is Resilience4j's: acquire a permit, run the call with nothing held, record the
 outcome. On a closed breaker that the process knows for sure (``views.py``) the permit costs no
 round trip, and successes are counted in the process and sent at most once a second, or at once
 when they end a streak of failures; a failure is always recorded at once.
+
+What a caller holds lives apart: ``Permit`` and ``Admission`` in ``permit.py``; so does the
+outage state that every breaker of an app shares, ``RedisHealth`` in ``health.py``.
 """
 
 from __future__ import annotations
@@ -14,15 +17,17 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Literal, NamedTuple, TypeVar, cast
+from typing import Any, TypeVar, cast
 
 import redis
 
 from ..config import BreakerConfig
 from ..errors import BreakerOpen, StoreUnavailable
 from ..redact import get_logger
-from .model import STATES, Action, Change, Kind, Limits, Skip, State, Transition
+from .health import RedisHealth
+from .permit import Admission, Outcome, Permit
 from .store import BreakerStore, Delivery
+from .types import STATES, Action, Change, Limits, State, Transition
 from .views import Views, forks
 
 logger = get_logger("celery_resilience.breaker")
@@ -30,7 +35,6 @@ logger = get_logger("celery_resilience.breaker")
 R = TypeVar("R")
 TransitionListener = Callable[[str, Transition, State], None]
 #: How a permitted call ended: judged either way, or given back unjudged.
-Outcome = Literal["success", "failure", "release"]
 
 #: Deferred successes reach Redis at least this often (seconds) under steady traffic, with an
 #: admission or as a record of their own.
@@ -44,103 +48,6 @@ def _store_errors() -> Iterator[None]:
         yield
     except redis.RedisError as exc:
         raise StoreUnavailable(f"breaker store unreachable: {exc}") from exc
-
-
-class RedisHealth:
-    """Tracks an outage of the breakers' Redis so it is logged once, not once per call."""
-
-    def __init__(self, policy: str) -> None:
-        self.policy = policy
-        self.down = False
-        self._lock = threading.Lock()
-
-    def failed(self, breaker: str, exc: BaseException) -> None:
-        with self._lock:
-            first, self.down = not self.down, True
-        if first:
-            verdict = "admitting calls" if self.policy == "fail_open" else "rejecting calls"
-            logger.error(
-                "Redis unreachable for breaker %r (%s: %s): %s until it is back (%s)",
-                breaker,
-                type(exc).__name__,
-                exc,
-                verdict,
-                self.policy,
-            )
-
-    def ok(self) -> None:
-        if self.down:
-            with self._lock:
-                was, self.down = self.down, False
-            if was:
-                logger.warning("Redis reachable again: breakers are shared once more")
-
-
-class Permit:
-    """Leave to make one call; report its outcome with ``success()`` or ``failure()`` once.
-
-    Usable as a context manager: an exception leaving the block is recorded as a failure
-    unless the breaker's ``ignore`` option lists its type.
-    """
-
-    __slots__ = ("_done", "breaker", "kind", "permit_id", "started")
-
-    def __init__(self, breaker: Breaker, kind: Kind | None, permit_id: str = "") -> None:
-        self.breaker = breaker
-        self.kind = kind  # None: Redis was down and fail_open let the call through unrecorded
-        self.permit_id = permit_id  # a probe's lease; "" for a normal permit
-        # Timed only where a slow call counts as a failure: a clock read less per call.
-        self.started = time.monotonic() if breaker.slow is not None else 0.0
-        self._done = False
-
-    def success(self) -> None:
-        """The call succeeded (a call slower than ``slow_call_seconds`` counts as a failure)."""
-        if self._finish():
-            slow = self.breaker.slow
-            if slow is not None and time.monotonic() - self.started > slow:
-                self.breaker._record(self, "failure")
-            else:
-                self.breaker._record(self, "success")
-
-    def failure(self) -> None:
-        """The call failed: recorded at once (it may trip the breaker)."""
-        if self._finish():
-            self.breaker._record(self, "failure")
-
-    def release(self) -> None:
-        """The call ended without judging the dependency (the caller's own error): nothing is
-        counted, and a probe's half-open slot is freed at once for the next call."""
-        if self._finish() and self.kind == "probe":
-            self.breaker._record(self, "release")
-
-    def _finish(self) -> bool:
-        done, self._done = self._done, True
-        return not done and self.kind is not None
-
-    def __enter__(self) -> Permit:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: object, tb: object) -> None:
-        if exc_type is None:
-            self.success()
-        elif not issubclass(exc_type, Exception):
-            # KeyboardInterrupt, SystemExit: the process is going, the dependency not judged.
-            self._done = True
-        elif not issubclass(exc_type, self.breaker.config.ignore):
-            self.failure()
-        else:
-            self.release()  # ignored: counted neither way; a probe frees its slot
-
-
-class Admission(NamedTuple):
-    """What ``Breaker.admit`` decided: a permit, or why not; and the delivery answers.
-
-    A named tuple: one is made for every task delivery."""
-
-    permit: Permit | None
-    rejected: BreakerOpen | None
-    deliveries: int = 0
-    skip: Skip = ""
 
 
 class Breaker:

@@ -12,8 +12,8 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from . import model
-from .model import Action, BreakerState, Change, Decision, Kind, Limits, Skip
 from .store import ChangeListener, Delivery, Watch
+from .types import US, Action, BreakerState, Change, Decision, Kind, Limits, Skip
 
 R = TypeVar("R", Decision, Change)
 
@@ -76,7 +76,7 @@ class MemoryBreakerStore:
 
     def mark_done(self, scope: str | None, task_id: str, ttl: int) -> None:
         with self._lock:
-            self._done[(scope, task_id)] = self._clock() + ttl * model.US
+            self._done[(scope, task_id)] = self._clock() + ttl * US
 
     def record(
         self,

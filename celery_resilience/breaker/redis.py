@@ -22,25 +22,16 @@ for tasks without a breaker.
 from __future__ import annotations
 
 from collections.abc import Callable
-from importlib import resources
 from typing import Any, cast
 
 import redis
 
-from .model import Action, Change, Decision, Kind, Limits, Skip, State, Transition
+from ..redis_io import load_script
 from .store import ChangeListener, Delivery, Watch
+from .types import Action, Change, Decision, Kind, Limits, Skip, State, Transition
 from .watch import RedisWatch
 
 _INT_FIELDS = ("opened_at", "open_until")
-
-
-def _load_script(name: str) -> str:
-    """``<name>_head.lua`` (a fast path, if any), the shared prelude, then ``<name>.lua``."""
-    lua = resources.files(__package__).joinpath("lua")
-    head = lua.joinpath(f"{name}_head.lua")
-    parts = [head.read_text()] if head.is_file() else []
-    parts += [lua.joinpath("_common.lua").read_text(), lua.joinpath(f"{name}.lua").read_text()]
-    return "\n".join(parts)
 
 
 class RedisBreakerStore:
@@ -51,11 +42,11 @@ class RedisBreakerStore:
         self.prefix = prefix
         #: Where the scripts publish every change of a breaker's view (one per key prefix).
         self.channel = f"{prefix}:breaker-changes"
-        self._acquire = client.register_script(_load_script("acquire"))
-        self._record = client.register_script(_load_script("record"))
-        self._release = client.register_script(_load_script("release"))
-        self._force = client.register_script(_load_script("force"))
-        self._snapshot = client.register_script(_load_script("snapshot"))
+        self._acquire = load_script(client, __package__, "acquire")
+        self._record = load_script(client, __package__, "record")
+        self._release = load_script(client, __package__, "release")
+        self._force = load_script(client, __package__, "force")
+        self._snapshot = load_script(client, __package__, "snapshot")
         self._known: set[str] = set()
         self._keys: dict[str, list[str]] = {}
 

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from .model import Action, Change, Decision, Kind, Limits, Skip, State
+from .types import Action, Change, Decision, Kind, Limits, Skip, State
 
 #: Called with (breaker name, version, state, streak) for every change of a breaker's view.
 ChangeListener = Callable[[str, int, State, bool], None]
@@ -42,6 +42,23 @@ class Delivery:
         if self.max_deliveries and deliveries > self.max_deliveries:
             return "redelivered"
         return ""
+
+
+class DeliveryGuard(Protocol):
+    """The task-level questions of a delivery: how often was it delivered, did it succeed?
+
+    Asked in the breaker's round trip when the task has a breaker (``BreakerStore.acquire``
+    takes the ``Delivery``), alone when it has none. ``scope`` is the breaker's name (its keys
+    then share the breaker's hash tag) or ``None``.
+    """
+
+    def deliver(self, scope: str | None, delivery: Delivery) -> tuple[int, Skip]:
+        """``Delivery`` alone, for a task without a breaker: (deliveries, skip)."""
+        ...
+
+    def mark_done(self, scope: str | None, task_id: str, ttl: int) -> None:
+        """Remember that ``task_id`` succeeded, for ``ttl`` seconds."""
+        ...
 
 
 class BreakerStore(Protocol):
@@ -87,14 +104,6 @@ class BreakerStore(Protocol):
     def snapshot(
         self, name: str, limits: Limits, now_us: int | None = None
     ) -> dict[str, object]: ...
-
-    def deliver(self, scope: str | None, delivery: Delivery) -> tuple[int, Skip]:
-        """``Delivery`` alone, for a task without a breaker: (deliveries, skip)."""
-        ...
-
-    def mark_done(self, scope: str | None, task_id: str, ttl: int) -> None:
-        """Remember that ``task_id`` succeeded, for ``ttl`` seconds."""
-        ...
 
     def watch(
         self, on_change: ChangeListener, on_live: Callable[[], None], on_lost: Callable[[], None]

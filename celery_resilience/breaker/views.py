@@ -17,8 +17,8 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .model import State
 from .store import BreakerStore, Watch
+from .types import State
 
 #: States in which a permit is always granted: the ones a process may answer alone.
 ADMITTING: frozenset[State] = frozenset({"closed", "forced_closed"})

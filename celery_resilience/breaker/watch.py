@@ -20,8 +20,8 @@ from typing import Any, cast
 import redis
 
 from ..redact import get_logger
-from .model import STATES, State
 from .store import ChangeListener
+from .types import STATES, State
 
 logger = get_logger("celery_resilience.watch")
 

@@ -9,7 +9,9 @@ from collections.abc import Callable
 import click
 from celery.bin.base import CeleryCommand
 
+from ..checks import run_checks
 from ..parked.store import NO_BREAKER
+from ..task import resilient_tasks
 from .group import resilience
 from .output import emit, json_option, known_breaker, resilience_of, table, when
 
@@ -78,9 +80,8 @@ def metrics(ctx: click.Context, port: int, addr: str) -> None:
 @click.pass_context
 def check(ctx: click.Context, as_json: bool) -> None:
     """Look for settings and Redis setups that can lose work; exit 1 on an error."""
-    from ..checks import run_checks
-
-    findings = run_checks(resilience_of(ctx))
+    res = resilience_of(ctx)
+    findings = run_checks(res.runtime, resilient_tasks(res.app))
     emit(
         as_json,
         [{"level": f.level, "message": f.message} for f in findings],

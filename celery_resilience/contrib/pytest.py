@@ -26,11 +26,13 @@ from typing import Any
 import pytest
 import redis
 
+from .. import runtime as runtimes
 from ..breaker.breaker import Breaker
 from ..config import MEMORY_URL, ResilienceConfig
 from ..drain import DrainReport
 from ..parked.entry import ParkedTask
-from ..resilience import Resilience, forget, installed
+from ..resilience import Resilience
+from ..runtime import Runtime
 
 REDIS_URL_ENV = "RESILIENCE_TEST_REDIS_URL"
 
@@ -102,7 +104,7 @@ def resilience_factory(
     request: pytest.FixtureRequest,
 ) -> Iterator[Callable[..., ResilienceHarness]]:
     """``make(app, backend=None, redis_url=None, **settings)`` -> an isolated harness."""
-    made: list[tuple[Any, Resilience | None, Resilience]] = []
+    made: list[tuple[Any, Runtime | None, Resilience]] = []
 
     def make(
         app: Any, backend: str | None = None, redis_url: str | None = None, **settings: Any
@@ -121,7 +123,7 @@ def resilience_factory(
             raise ValueError(f"backend must be 'memory' or 'redis', got {backend!r}")
         config = ResilienceConfig.from_conf(_Overlay(app.conf, overrides))
         resilience = Resilience(app, config=config)
-        made.append((app, installed(app), resilience))
+        made.append((app, runtimes.installed(app), resilience))
         Resilience.install(app, resilience)
         return ResilienceHarness(app, resilience)
 
@@ -131,9 +133,9 @@ def resilience_factory(
             delete_prefix(resilience.redis, resilience.config.key_prefix)
         resilience.close()
         if previous is None:
-            forget(app)
+            runtimes.forget(app)
         else:
-            Resilience.install(app, previous)
+            runtimes.install(app, previous)
 
 
 @pytest.fixture

@@ -45,9 +45,8 @@ class UndecodableEntry(ResilienceError):
 
 
 def _qualname(cls: type) -> str:
-    return (
-        cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
-    )
+    name = cls.__qualname__
+    return name if cls.__module__ == "builtins" else f"{cls.__module__}.{name}"
 
 
 def _is_number(value: object) -> bool:
@@ -160,11 +159,10 @@ class ParkedTask:
         return dataclasses.replace(self, **changes)
 
 
-# kombu is untyped: give its three entry points the types this module relies on.
+# kombu is untyped: give its entry points the types this module relies on.
 _dumps: Callable[..., tuple[str, str, str | bytes]] = serialization.dumps
 _loads: Callable[..., object] = serialization.loads
 _prepare_accept: Callable[[Collection[str]], Collection[str]] = serialization.prepare_accept_content
-
 _json_loads: Callable[[bytes], object] = kombu_json.loads
 _JSON = "application/json"
 

@@ -14,9 +14,10 @@ from typing import cast
 import redis
 
 from ..errors import ConfigurationError
+from ..redis_io import load_script, unavailable
 from .entry import ParkedTask, encode, store_accept
 from .redis_claims import RedisClaims
-from .redis_keys import BackoutKeys, load_script, reachable
+from .redis_keys import BackoutKeys
 from .store import (
     NO_BREAKER,
     Meta,
@@ -58,19 +59,19 @@ class RedisBackoutStore(RedisClaims):
         self.accept = store_accept(serializer, accept)
         self.max_entries = max_entries
         self.dead_ttl = dead_ttl
-        self._park = load_script(client, "park")
-        self._delete = load_script(client, "delete")
-        self._mark_dead = load_script(client, "mark_dead")
-        self._expire_dead = load_script(client, "expire_dead")
-        self._claim = load_script(client, "claim")
-        self._release = load_script(client, "release")
+        self._park = load_script(client, __package__, "park")
+        self._delete = load_script(client, __package__, "delete")
+        self._mark_dead = load_script(client, __package__, "mark_dead")
+        self._expire_dead = load_script(client, __package__, "expire_dead")
+        self._claim = load_script(client, __package__, "claim")
+        self._release = load_script(client, __package__, "release")
 
     # -- writes ---------------------------------------------------------------------------
 
     def park(self, entry: ParkedTask) -> None:
         data = encode(entry, self.serializer)
         meta = Meta.of(entry)
-        with reachable():
+        with unavailable("back-out store"):
             stored = self._put(
                 entry.id, data, meta, entry.parked_at, entry.due_at, self.max_entries
             )
@@ -89,7 +90,7 @@ class RedisBackoutStore(RedisClaims):
 
     def stats(self) -> dict[str, float]:
         """Monotonic counters: ``parked|<b>|<reason>``, and what drains added (``bump``)."""
-        with reachable():
+        with unavailable("back-out store"):
             raw = cast(dict[bytes, bytes], self.client.hgetall(self.keys.stats))
         return {k.decode(): float(v) for k, v in raw.items()}
 
@@ -97,13 +98,13 @@ class RedisBackoutStore(RedisClaims):
         """Add to counters (one round trip for all of them)."""
         if not counters:
             return
-        with reachable(), self.client.pipeline(transaction=False) as pipe:
+        with unavailable("back-out store"), self.client.pipeline(transaction=False) as pipe:
             for name, amount in counters.items():
                 pipe.hincrbyfloat(self.keys.stats, name, amount)
             pipe.execute()
 
     def delete(self, entry_id: str) -> bool:
-        with reachable():
+        with unavailable("back-out store"):
             return self._delete_ids([entry_id]) == 1
 
     def purge(
@@ -111,7 +112,7 @@ class RedisBackoutStore(RedisClaims):
     ) -> int:
         check_filters(status, reason)
         deleted = 0
-        with reachable():
+        with unavailable("back-out store"):
             # ZSCAN returns every id present for the whole scan, while we delete as we go.
             page: list[str] = []
             for member, _ in self.client.zscan_iter(self.keys.index, count=_PAGE):
@@ -159,7 +160,7 @@ class RedisBackoutStore(RedisClaims):
     def mark_dead(self, entry_id: str, dead_reason: str) -> bool:
         check_dead_reason(dead_reason)
         k = self.keys
-        with reachable():
+        with unavailable("back-out store"):
             for _ in range(_RETRIES):
                 meta = self._metas([entry_id]).get(entry_id)
                 if meta is None:
@@ -177,7 +178,7 @@ class RedisBackoutStore(RedisClaims):
             return 0
         k = self.keys
         removed = 0
-        with reachable():
+        with unavailable("back-out store"):
             while True:
                 batch = int(
                     self._expire_dead(
@@ -191,7 +192,7 @@ class RedisBackoutStore(RedisClaims):
     # -- reads ----------------------------------------------------------------------------
 
     def get(self, entry_id: str) -> ParkedTask | None:
-        with reachable():
+        with unavailable("back-out store"):
             pipe = self.client.pipeline(transaction=False)
             pipe.hget(self.keys.entries, entry_id)
             pipe.hget(self.keys.meta, entry_id)
@@ -220,7 +221,7 @@ class RedisBackoutStore(RedisClaims):
         check_page(limit, offset)
         if limit == 0:
             return []
-        with reachable():
+        with unavailable("back-out store"):
             if breaker is None and status is None and reason is None:
                 page = self._newest(offset, limit)
                 return self._load([(m.decode(), s) for m, s in page])
@@ -268,7 +269,7 @@ class RedisBackoutStore(RedisClaims):
         return {i: Meta.decode(v) for i, v in zip(ids, values, strict=True) if v is not None}
 
     def _counters(self) -> dict[str, int]:
-        with reachable():
+        with unavailable("back-out store"):
             raw = cast(dict[bytes, bytes], self.client.hgetall(self.keys.counts))
         return {k.decode(): int(v) for k, v in raw.items()}
 

@@ -12,8 +12,9 @@ from typing import Any
 
 import redis
 
+from ..redis_io import redis_time, unavailable
 from .entry import ParkedTask
-from .redis_keys import BackoutKeys, reachable
+from .redis_keys import BackoutKeys
 from .store import Meta, read_entry
 
 
@@ -38,7 +39,7 @@ class RedisClaims:
         if limit <= 0:
             return []
         k = self.keys
-        with reachable():
+        with unavailable("back-out store"):
             flat = self._claim(
                 [k.ready(breaker), k.inflight, k.entries, k.meta],
                 ["" if now is None else repr(now), limit, repr(lease)],
@@ -51,28 +52,26 @@ class RedisClaims:
 
     def ack(self, breaker: str, entry_ids: Sequence[str]) -> int:
         """Remove entries of ``breaker`` that were published (the end of a claim)."""
-        with reachable():
+        with unavailable("back-out store"):
             return self._delete_ids(entry_ids, breaker)
 
     def release(self, breaker: str, entry_ids: Sequence[str], due_at: float) -> int:
         """Give claimed entries back, due again at ``due_at`` (their publish failed)."""
         if not entry_ids:
             return 0
-        with reachable():
+        with unavailable("back-out store"):
             keys = [self.keys.ready(breaker), self.keys.inflight]
             return int(self._release(keys, [repr(due_at), *entry_ids]))
 
     def in_flight(self) -> int:
         """Entries claimed by a drainer and not yet acked or given back."""
-        with reachable():
-            seconds, micros = self.client.time()
-            now = seconds + micros / 1e6
+        with unavailable("back-out store"):
+            now = redis_time(self.client)
             return int(self.client.zcount(self.keys.inflight, f"({now!r}", "+inf"))
 
     def due(self, breaker: str, now: float | None = None) -> int:
         """Entries of ``breaker`` due now (leased ones are due again when the lease ends)."""
-        with reachable():
+        with unavailable("back-out store"):
             if now is None:
-                seconds, micros = self.client.time()
-                now = seconds + micros / 1e6
+                now = redis_time(self.client)
             return int(self.client.zcount(self.keys.ready(breaker), "-inf", now))

@@ -1,4 +1,4 @@
-"""The Redis back-out store's key layout, its scripts, and how Redis trouble is reported.
+"""The Redis back-out store's key layout.
 
 Every key shares the hash tag ``{<P>:backout}`` (``P`` = the key prefix), so each script's keys
 live in one Redis Cluster slot. ``<b>`` is a breaker name, ``-`` for entries without a breaker.
@@ -23,41 +23,7 @@ Times are float epoch seconds.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
-from importlib import resources
-from typing import Any
-
-import redis
-
-from ..errors import StoreUnavailable
-
-
-def load_script(client: redis.Redis, name: str) -> Any:
-    text = resources.files(__package__).joinpath("lua").joinpath(f"{name}.lua").read_text()
-    return client.register_script(text)
-
-
-_UNAVAILABLE = (
-    redis.exceptions.ConnectionError,
-    redis.exceptions.TimeoutError,
-    redis.exceptions.OutOfMemoryError,
-    redis.exceptions.ReadOnlyError,
-)
-
-
-@contextmanager
-def reachable() -> Iterator[None]:
-    """Redis trouble becomes ``StoreUnavailable``: callers catch one of our errors.
-
-    A Redis at ``maxmemory`` (OOM) or a replica after a failover (READONLY) can't take a park
-    either: the task must wait in the broker, exactly as when Redis is down.
-    """
-    try:
-        yield
-    except _UNAVAILABLE as exc:
-        raise StoreUnavailable(f"back-out store unavailable: {exc}") from exc
 
 
 @dataclass(frozen=True)

@@ -44,8 +44,8 @@ class StoreFull(ResilienceError):
         return (type(self), (self.max_entries, self.entry_id))
 
 
-class BackoutStore(Protocol):
-    """Durable storage of parked tasks; every backend passes ``tests/test_backout_store.py``.
+class EntryStore(Protocol):
+    """Durable storage of parked tasks: what parking, the CLI and the admin need.
 
     ``breaker`` filters take a breaker name or :data:`NO_BREAKER`; ``None`` means any.
     An entry in flight (claimed by a drain, not yet acked) still reads as ``parked``.
@@ -87,11 +87,9 @@ class BackoutStore(Protocol):
     def expire_dead(self) -> int:
         """Remove entries dead for longer than ``dead_ttl`` (none when unset); the number."""
 
-    def stats(self) -> dict[str, float]:
-        """Monotonic counters for metrics: ``parked|<breaker>|<reason>`` and drain figures."""
 
-    def bump(self, counters: dict[str, float]) -> None:
-        """Add to the counters of ``stats`` (one round trip)."""
+class Claims(Protocol):
+    """The drain's side of a store: lease due entries, then ack or give them back."""
 
     def claim(
         self, breaker: str, limit: int, lease: float, now: float | None = None
@@ -113,6 +111,20 @@ class BackoutStore(Protocol):
 
     def due(self, breaker: str, now: float | None = None) -> int:
         """Entries of ``breaker`` that are due now."""
+
+
+class Counters(Protocol):
+    """Monotonic counters kept beside the entries, for metrics."""
+
+    def stats(self) -> dict[str, float]:
+        """``parked|<breaker>|<reason>``, ``retries|<breaker>``, what drains added."""
+
+    def bump(self, counters: dict[str, float]) -> None:
+        """Add to the counters of ``stats`` (one round trip)."""
+
+
+class BackoutStore(EntryStore, Claims, Counters, Protocol):
+    """What a back-out backend implements: every one passes ``tests/test_backout_store.py``."""
 
 
 @dataclass(frozen=True)

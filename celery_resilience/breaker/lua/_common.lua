@@ -1,5 +1,6 @@
 -- Shared prelude of every breaker script (prepended when the script is loaded).
--- It mirrors celery_resilience/breaker/model.py, the specification; keep the two in step.
+-- It mirrors celery_resilience/breaker/model.py, the specification (its data types are in
+-- types.py: Limits.argv() gives ARGV[2..9], BreakerState the hash); keep them in step.
 --
 -- KEYS[1]  {prefix:breaker:NAME}:state   hash: state, consec, opened_at, open_until, trips,
 --                                         ho_succ, ver, *_total counters, be/bc/bf<slot> buckets
@@ -8,7 +9,7 @@
 -- ARGV[2..9] limits: failure_threshold, failure_rate_threshold (0 = off), minimum_calls,
 --          window_us, open_timeout_us, open_timeout_max_us, half_open_max_calls, probe_lease_us
 -- ARGV[10] the breaker's name;  ARGV[11] the channel its changes are published on
--- The view (model.view: the state, and whether a streak of failures runs) is what processes
+-- The view (types.view: the state, and whether a streak of failures runs) is what processes
 -- cache between round trips: a script that changes it bumps ``ver`` and publishes
 -- "<ver>|<state>|<streak 0|1>|<name>" on ARGV[11], so every process learns of it at once.
 -- Times are integer microseconds: Lua numbers are doubles, exact below 2^53. Numbers are passed

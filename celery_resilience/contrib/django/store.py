@@ -11,6 +11,8 @@ PostgreSQL). How the Redis store's atomic scripts map onto the ORM:
   never claim the same row. Elsewhere (SQLite) claims take the ``lock|claim`` row first.
 - Everything else is one UPDATE or DELETE statement.
 
+The drain's side (claim, ack, release) is in ``claims.py``.
+
 Time: the database's clock can't be read portably through the ORM, so leases, due times and
 ``dead_ttl`` use this process's ``time.time()``; keep the clocks of hosts that drain in sync.
 """
@@ -19,14 +21,13 @@ from __future__ import annotations
 
 import builtins
 import time
-from collections.abc import Collection, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Collection
 from typing import TYPE_CHECKING, Any, cast
 
-from django.db import IntegrityError, InterfaceError, OperationalError, connections, transaction
+from django.db import IntegrityError, transaction
 from django.db.models import F
 
-from ...errors import ConfigurationError, StoreUnavailable
+from ...errors import ConfigurationError
 from ...parked.entry import (
     UNDECODABLE_TASK,
     ParkedTask,
@@ -36,7 +37,6 @@ from ...parked.entry import (
     store_accept,
 )
 from ...parked.store import (
-    HELD_REASONS,
     Meta,
     StoreFull,
     breaker_key,
@@ -45,6 +45,7 @@ from ...parked.store import (
     check_page,
     read_entry,
 )
+from .claims import COLUMNS, DjangoClaims, reachable
 
 if TYPE_CHECKING:
     from ...resilience import Resilience
@@ -52,21 +53,9 @@ if TYPE_CHECKING:
 APP = "celery_resilience.contrib.django"
 #: Stat rows with this prefix are locks, not counters: ``stats()`` leaves them out.
 LOCK_PREFIX = "lock|"
-#: Ids per statement in ``ack``/``release`` (well under every backend's parameter limit).
-_CHUNK = 500
-_COLUMNS = ("id", "payload", "breaker", "status", "reason", "dead_reason", "parked_at")
 
 
-@contextmanager
-def _reachable() -> Iterator[None]:
-    """Connection trouble becomes ``StoreUnavailable``: parking then keeps the message."""
-    try:
-        yield
-    except (OperationalError, InterfaceError) as exc:
-        raise StoreUnavailable(f"back-out store unreachable: {exc}") from exc
-
-
-class DjangoBackoutStore:
+class DjangoBackoutStore(DjangoClaims):
     """Parked tasks in the ``ParkedTaskRecord`` table of database ``using``."""
 
     def __init__(
@@ -106,7 +95,7 @@ class DjangoBackoutStore:
     def park(self, entry: ParkedTask) -> None:
         data = encode(entry, self.serializer)
         meta = Meta.of(entry)
-        with _reachable(), transaction.atomic(using=self.using):
+        with reachable(), transaction.atomic(using=self.using):
             self._lock("park")
             rows = self._rows()
             if rows.filter(pk=entry.id).exists():
@@ -144,31 +133,31 @@ class DjangoBackoutStore:
             stats.filter(name=name).update(value=F("value") + amount)
 
     def stats(self) -> dict[str, float]:
-        with _reachable():
+        with reachable():
             rows = self._stat.objects.using(self.using).values_list("name", "value")
             return {n: float(v) for n, v in rows if not n.startswith(LOCK_PREFIX)}
 
     def bump(self, counters: dict[str, float]) -> None:
         if not counters:
             return
-        with _reachable(), transaction.atomic(using=self.using):
+        with reachable(), transaction.atomic(using=self.using):
             for name, amount in counters.items():
                 self._add(name, amount)
 
     def delete(self, entry_id: str) -> bool:
-        with _reachable():
+        with reachable():
             return bool(self._rows().filter(pk=entry_id).delete()[0])
 
     def purge(
         self, breaker: str | None = None, status: str | None = None, reason: str | None = None
     ) -> int:
         check_filters(status, reason)
-        with _reachable():
+        with reachable():
             return int(self._filtered(breaker, status, reason).delete()[0])
 
     def mark_dead(self, entry_id: str, dead_reason: str) -> bool:
         check_dead_reason(dead_reason)
-        with _reachable():
+        with reachable():
             changed = (
                 self._rows()
                 .filter(pk=entry_id, status="parked")
@@ -182,74 +171,23 @@ class DjangoBackoutStore:
         if self.dead_ttl is None:
             return 0
         cutoff = time.time() - self.dead_ttl
-        with _reachable():
+        with reachable():
             return int(self._rows().filter(status="dead", died_at__lte=cutoff).delete()[0])
-
-    # -- the drain's side: claim under a lease, ack after publish ----------------------------
-
-    def claim(
-        self, breaker: str, limit: int, lease: float, now: float | None = None
-    ) -> builtins.list[ParkedTask]:
-        """Lease up to ``limit`` due entries of ``breaker`` (internal name) to the caller."""
-        if limit <= 0:
-            return []
-        now = time.time() if now is None else now
-        features = connections[self.using].features
-        with _reachable(), transaction.atomic(using=self.using):
-            if not features.has_select_for_update_skip_locked:
-                self._lock("claim")
-            due = self._due(breaker, now).order_by("due_at", "id")
-            if features.has_select_for_update:
-                skip = features.has_select_for_update_skip_locked
-                due = due.select_for_update(skip_locked=skip)
-            rows = list(due.values_list(*_COLUMNS)[:limit])
-            for chunk in _chunks([row[0] for row in rows]):
-                self._rows().filter(pk__in=chunk).update(
-                    due_at=now + lease, lease_until=now + lease
-                )
-        return [self._read(row) for row in rows]
-
-    def ack(self, breaker: str, entry_ids: Sequence[str]) -> int:
-        """Remove entries that were published (the end of a claim)."""
-        with _reachable():
-            return sum(self._rows().filter(pk__in=c).delete()[0] for c in _chunks(entry_ids))
-
-    def release(self, breaker: str, entry_ids: Sequence[str], due_at: float) -> int:
-        """Give claimed entries back, due again at ``due_at``; ``breaker`` is not needed here."""
-        with _reachable():
-            return sum(
-                self._rows()
-                .filter(pk__in=chunk, lease_until__isnull=False)
-                .update(due_at=due_at, lease_until=None)
-                for chunk in _chunks(entry_ids)
-            )
-
-    def in_flight(self) -> int:
-        with _reachable():
-            return int(self._rows().filter(lease_until__gt=time.time()).count())
-
-    def due(self, breaker: str, now: float | None = None) -> int:
-        with _reachable():
-            return int(self._due(breaker, time.time() if now is None else now).count())
-
-    def _due(self, breaker: str, now: float) -> Any:
-        due = self._rows().filter(breaker=breaker, status="parked", due_at__lte=now)
-        return due.exclude(reason__in=HELD_REASONS)
 
     # -- reads ----------------------------------------------------------------------------
 
     def get(self, entry_id: str) -> ParkedTask | None:
-        with _reachable():
-            row = self._rows().filter(pk=entry_id).values_list(*_COLUMNS).first()
+        with reachable():
+            row = self._rows().filter(pk=entry_id).values_list(*COLUMNS).first()
         return None if row is None else self._read(row)
 
     def count(self, breaker: str | None = None, status: str | None = None) -> int:
         check_filters(status)
-        with _reachable():
+        with reachable():
             return int(self._filtered(breaker, status, None).count())
 
     def breakers(self) -> set[str]:
-        with _reachable():
+        with reachable():
             return set(self._rows().order_by().values_list("breaker", flat=True).distinct())
 
     def list(
@@ -265,16 +203,16 @@ class DjangoBackoutStore:
         if limit == 0:
             return []
         rows = self._filtered(breaker, status, reason).order_by("-parked_at", "-id")
-        with _reachable():
-            page = list(rows.values_list(*_COLUMNS)[offset : offset + limit])
+        with reachable():
+            page = list(rows.values_list(*COLUMNS)[offset : offset + limit])
         return [self._read(row) for row in page]
 
     def read_record(self, record: Any) -> ParkedTask:
         """The entry of a ``ParkedTaskRecord`` (the admin), a placeholder if undecodable."""
-        return self._read(tuple(getattr(record, c) for c in _COLUMNS))
+        return self._read(tuple(getattr(record, c) for c in COLUMNS))
 
     def _read(self, row: tuple[Any, ...]) -> ParkedTask:
-        """The entry of a row of ``_COLUMNS``."""
+        """The entry of a row of ``COLUMNS``."""
         entry_id, payload, breaker, status, reason, dead_reason, parked_at = row
         meta = Meta(breaker, cast(Status, status), cast(Reason, reason), dead_reason or None)
         return read_entry(entry_id, bytes(payload), meta, parked_at, self.accept)
@@ -305,12 +243,6 @@ class DjangoBackoutStore:
             due_at=when,
             payload=data,
         )
-
-
-def _chunks(ids: Sequence[str]) -> Iterator[builtins.list[str]]:
-    """``ids`` in lists small enough for one statement on every backend."""
-    for start in range(0, len(ids), _CHUNK):
-        yield list(ids[start : start + _CHUNK])
 
 
 def make_store(resilience: Resilience) -> DjangoBackoutStore:

@@ -1,0 +1,139 @@
+"""The breaker's vocabulary: its states, settings, stored state and answers, as plain data.
+
+Split from ``model.py`` (the transitions) because most of the package needs only these types: the
+store protocol, both stores, the facade, the process views and the metrics speak in them without
+depending on the state machine. The Lua scripts receive ``Limits.argv()`` and keep
+``BreakerState`` in a hash (see ``lua/_common.lua``): a change here is a change to them too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from ..config import BreakerConfig
+
+State = Literal["closed", "open", "half_open", "forced_open", "forced_closed"]
+Kind = Literal["normal", "probe"]
+Transition = Literal["opened", "half_opened", "closed", "forced_open", "forced_closed", "reset"]
+Action = Literal["open", "closed", "reset"]
+#: Why an admission took no permit without asking the breaker: the task id already succeeded
+#: (``deduplicate``), or this message was delivered more than ``resilience_max_deliveries`` times.
+Skip = Literal["", "done", "redelivered"]
+
+STATES: tuple[State, ...] = ("closed", "open", "half_open", "forced_open", "forced_closed")
+#: The sliding window is kept in this many buckets: constant work per record.
+BUCKETS = 10
+US = 1_000_000
+
+TOTALS = (
+    "opened_total",
+    "half_opened_total",
+    "closed_total",
+    "calls_total",
+    "failures_total",
+    "successes_total",
+    "rejected_total",
+)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """A breaker's settings in the integer units the scripts use (microseconds)."""
+
+    failure_threshold: int
+    failure_rate_threshold: float  # 0 = off
+    minimum_calls: int
+    window_us: int
+    open_timeout_us: int
+    open_timeout_max_us: int
+    half_open_max_calls: int
+    probe_lease_us: int
+
+    @property
+    def bucket_us(self) -> int:
+        return max(1, self.window_us // BUCKETS)
+
+    @classmethod
+    def of(cls, cfg: BreakerConfig) -> Limits:
+        return cls(
+            failure_threshold=cfg.failure_threshold,
+            failure_rate_threshold=cfg.failure_rate_threshold or 0.0,
+            minimum_calls=cfg.minimum_calls,
+            window_us=round(cfg.window * US),
+            open_timeout_us=round(cfg.open_timeout * US),
+            open_timeout_max_us=round(cfg.max_open_timeout * US),
+            half_open_max_calls=cfg.half_open_max_calls,
+            probe_lease_us=round(cfg.probe_lease * US),
+        )
+
+    def argv(self) -> tuple[int | float, ...]:
+        """The settings as the scripts receive them, in this order (see ``lua/_common.lua``)."""
+        return (
+            self.failure_threshold,
+            self.failure_rate_threshold,
+            self.minimum_calls,
+            self.window_us,
+            self.open_timeout_us,
+            self.open_timeout_max_us,
+            self.half_open_max_calls,
+            self.probe_lease_us,
+        )
+
+
+@dataclass
+class BreakerState:
+    """Everything stored for one breaker (one Redis hash plus a sorted set of probe leases)."""
+
+    state: State = "closed"
+    consecutive_failures: int = 0
+    opened_at_us: int = 0
+    open_until_us: int = 0
+    trips: int = 0
+    half_open_successes: int = 0
+    probes: dict[str, int] = field(default_factory=dict)  # permit id -> lease expiry
+    bucket_epoch: list[int] = field(default_factory=lambda: [-1] * BUCKETS)
+    bucket_calls: list[int] = field(default_factory=lambda: [0] * BUCKETS)
+    bucket_failures: list[int] = field(default_factory=lambda: [0] * BUCKETS)
+    totals: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TOTALS, 0))
+    #: Bumped whenever what a process may cache changes (see :func:`view`).
+    version: int = 0
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The answer to ``acquire``: admitted or not, and the transition this call made.
+
+    ``deliveries`` and ``skip`` answer the task-level questions a store may ask in the same
+    round trip (see ``store.Delivery``); the pure model leaves them at their defaults.
+    """
+
+    allowed: bool
+    kind: Kind | None
+    state: State
+    retry_after_us: int | None
+    transition: Transition | None
+    deliveries: int = 0
+    skip: Skip = ""
+    # The view after the call (see :func:`view`): what it means for caching, not the decision.
+    version: int = field(default=0, compare=False)
+    streak: bool = field(default=False, compare=False)
+
+
+@dataclass(frozen=True)
+class Change:
+    """The answer to ``record``, ``release`` and ``force``: the resulting state, this call's
+    transition, and the view's version and streak after it (see :func:`view`)."""
+
+    state: State
+    transition: Transition | None
+    version: int = field(default=0, compare=False)
+    streak: bool = field(default=False, compare=False)
+
+
+def view(s: BreakerState) -> tuple[State, bool]:
+    """What a process may cache between round trips: the state, and whether a streak of failures
+    is running (``consecutive_failures > 0``: then a success must be recorded at once, since it
+    ends the streak). Every operation that changes it bumps ``version`` and, in Redis, publishes
+    the new view: that is how every process learns of a transition within one round trip."""
+    return s.state, s.consecutive_failures > 0

@@ -1,0 +1,179 @@
+"""Settings: read once from ``app.conf`` (prefix ``resilience_``) into frozen, validated objects.
+
+Defaults live here, in code, and are never written into ``app.conf``: Celery's
+``add_defaults`` would take precedence over the user's own configuration.
+Every invalid value raises :class:`ConfigurationError` naming the setting and the value.
+
+This module holds :data:`SETTINGS` and :class:`ResilienceConfig`; ``breakers.py`` one breaker's
+settings, ``broker.py`` what the broker's settings decide, ``backout.py`` the back-out store's,
+``values.py`` the small validators (and :func:`exception_types`, shared with task options).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from ..backoff import Exponential
+
+# ``from_conf`` calls the validators through this module (tests patch ``config._redis_url``).
+from .backout import DJANGO_STORE, _backout_store, _serializer, backout_store_factory
+from .breakers import BreakerConfig, _breaker_config
+from .broker import (
+    _COUNTDOWN_SAFETY,
+    _DEFAULT_VISIBILITY_TIMEOUT,
+    MEMORY_URL,
+    REDIS_SCHEMES,
+    _max_countdown,
+    _redis_url,
+    broker_countdown_limit,
+)
+from .values import _bad, _choice, _integer, _optional, _positive, _string, exception_types
+
+__all__ = [
+    "DJANGO_STORE",
+    "MEMORY_URL",
+    "REDIS_SCHEMES",
+    "SETTINGS",
+    "BreakerConfig",
+    "RedisErrorPolicy",
+    "ResilienceConfig",
+    "backout_store_factory",
+    "broker_countdown_limit",
+    "exception_types",
+]
+
+RedisErrorPolicy = Literal["fail_open", "fail_closed"]
+#: The longest a ``park_on`` entry waits between replays (seconds).
+_PARK_ON_DELAY_CAP = 86400.0
+
+#: Every setting read from ``app.conf`` (each prefixed ``resilience_``; Django:
+#: ``CELERY_RESILIENCE_<NAME>``). The configuration reference documents exactly these.
+SETTINGS = (
+    "redis_url",
+    "key_prefix",
+    "redis_timeout",
+    "on_redis_error",
+    "breakers",
+    "breaker_defaults",
+    "max_countdown",
+    "max_deliveries",
+    "dedup_ttl",
+    "serializer",
+    "drain_batch",
+    "drain_rate",
+    "max_replays",
+    "dead_ttl",
+    "backout_max_entries",
+    "backout_store",
+    "park_on_delay",
+    "keep_delay",
+)
+
+
+@dataclass(frozen=True)
+class ResilienceConfig:
+    """Every ``resilience_*`` setting of one app, validated."""
+
+    redis_url: str
+    key_prefix: str = "resilience"
+    redis_timeout: float = 0.5
+    on_redis_error: RedisErrorPolicy = "fail_open"
+    breaker_defaults: BreakerConfig = field(default_factory=BreakerConfig)
+    breakers: Mapping[str, BreakerConfig] = field(default_factory=dict)
+    max_countdown: float = _DEFAULT_VISIBILITY_TIMEOUT * _COUNTDOWN_SAFETY
+    max_deliveries: int = 3
+    dedup_ttl: float = 86400.0
+    serializer: str = "json"
+    drain_batch: int = 100
+    drain_rate: float = 50.0
+    max_replays: int = 5
+    dead_ttl: float | None = None
+    backout_max_entries: int = 1_000_000
+    #: Where parked tasks live: "redis" (default), "django" (the ORM of
+    #: celery_resilience.contrib.django) or a dotted path to a factory(resilience) -> store.
+    backout_store: str = "redis"
+    #: Seconds before a ``park_on`` entry is due again, doubling with each replay.
+    park_on_delay: float = 60.0
+    #: Seconds a message waits in the broker when the store could not take it.
+    keep_delay: float = 30.0
+    #: How long the broker may hold an unacked message before it redelivers it (seconds).
+    broker_redelivery_after: float = _DEFAULT_VISIBILITY_TIMEOUT
+
+    @property
+    def in_memory(self) -> bool:
+        return self.redis_url == MEMORY_URL
+
+    @property
+    def delivery_ttl(self) -> int:
+        """Lifetime of a message's delivery counter: long enough to see every redelivery."""
+        return int(self.broker_redelivery_after * (self.max_deliveries + 1))
+
+    def park_on_due_in(self, replays: int) -> float:
+        """When a ``park_on`` entry is due: later with each replay (the dependency keeps saying
+        "not now"), so the drain does not send it back at every run."""
+        cap = max(self.park_on_delay, _PARK_ON_DELAY_CAP)
+        return Exponential(base=self.park_on_delay, cap=cap, jitter="equal")(replays)
+
+    def breaker(self, name: str) -> BreakerConfig:
+        """The settings of breaker ``name``: its own entry, or the defaults for undeclared names."""
+        return self.breakers.get(name, self.breaker_defaults)
+
+    @classmethod
+    def from_app(cls, app: Any) -> ResilienceConfig:
+        """Read and validate every setting of ``app`` (a Celery app)."""
+        return cls.from_conf(app.conf)
+
+    @classmethod
+    def from_conf(cls, conf: Any) -> ResilienceConfig:
+        """Read and validate every setting of ``conf`` (anything with ``.get(name, default)``)."""
+
+        def get(name: str, default: Any = None) -> Any:
+            assert name in SETTINGS, f"resilience_{name} is read but not listed in SETTINGS"
+            return conf.get(f"resilience_{name}", default)
+
+        defaults = _breaker_config(
+            "resilience_breaker_defaults", get("breaker_defaults", {}), BreakerConfig()
+        )
+        raw_breakers = get("breakers", {})
+        if not isinstance(raw_breakers, Mapping):
+            raise _bad("resilience_breakers", raw_breakers, "a dict of breaker name -> options")
+        breakers = {}
+        for name, options in raw_breakers.items():
+            setting = f"resilience_breakers[{name!r}]"
+            # "-" stands for "no breaker" in the back-out store; braces would break hash tags.
+            if not isinstance(name, str) or name in ("", "-") or "{" in name or "}" in name:
+                raise _bad("resilience_breakers", name, "a breaker name (not '-', no braces)")
+            breakers[name] = _breaker_config(setting, options, defaults)
+
+        return cls(
+            redis_url=_redis_url(get("redis_url"), conf.get("broker_url")),
+            key_prefix=_string("resilience_key_prefix", get("key_prefix", "resilience")),
+            redis_timeout=_positive("resilience_redis_timeout", get("redis_timeout", 0.5)),
+            on_redis_error=_choice(
+                "resilience_on_redis_error",
+                get("on_redis_error", "fail_open"),
+                ("fail_open", "fail_closed"),
+            ),
+            breaker_defaults=defaults,
+            breakers=breakers,
+            max_countdown=_max_countdown(get("max_countdown"), conf),
+            max_deliveries=_integer("resilience_max_deliveries", get("max_deliveries", 3)),
+            dedup_ttl=_positive("resilience_dedup_ttl", get("dedup_ttl", 86400.0)),
+            serializer=_serializer(
+                get("serializer") or conf.get("task_serializer") or "json",
+                conf.get("accept_content"),
+            ),
+            drain_batch=_integer("resilience_drain_batch", get("drain_batch", 100)),
+            drain_rate=_positive("resilience_drain_rate", get("drain_rate", 50.0)),
+            max_replays=_integer("resilience_max_replays", get("max_replays", 5)),
+            dead_ttl=_optional(_positive, "resilience_dead_ttl", get("dead_ttl")),
+            backout_max_entries=_integer(
+                "resilience_backout_max_entries", get("backout_max_entries", 1_000_000)
+            ),
+            backout_store=_backout_store(get("backout_store", "redis")),
+            park_on_delay=_positive("resilience_park_on_delay", get("park_on_delay", 60.0)),
+            keep_delay=_positive("resilience_keep_delay", get("keep_delay", 30.0)),
+            broker_redelivery_after=broker_countdown_limit(conf),
+        )

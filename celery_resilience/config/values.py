@@ -1,0 +1,85 @@
+"""The small validators every setting goes through, and :func:`exception_types`.
+
+Each takes the name to blame and the value, and returns the value (normalized) or raises
+:class:`ConfigurationError` saying ``<name> must be <what>, got <value>``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from ..errors import ConfigurationError
+
+T = TypeVar("T")
+
+
+def _bad(setting: str, value: Any, expected: str) -> ConfigurationError:
+    return ConfigurationError(f"{setting} must be {expected}, got {value!r}")
+
+
+def _integer(setting: str, value: Any) -> int:
+    # bool is an int subclass; ``failure_threshold=True`` is a mistake, not 1.
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise _bad(setting, value, "an integer >= 1")
+    return value
+
+
+def _positive(setting: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise _bad(setting, value, "a number of seconds > 0")
+    if not math.isfinite(value):
+        raise _bad(setting, value, "a finite number")
+    return float(value)
+
+
+def _rate(setting: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise _bad(setting, value, "a rate in (0, 1]")
+    return float(value)
+
+
+def _string(setting: str, value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise _bad(setting, value, "a non-empty string")
+    return value
+
+
+def _choice(setting: str, value: Any, choices: tuple[str, ...]) -> Any:
+    if value not in choices:
+        raise _bad(setting, value, "one of " + ", ".join(repr(c) for c in choices))
+    return value
+
+
+def _optional(check: Callable[[str, Any], T], setting: str, value: Any) -> T | None:
+    return None if value is None else check(setting, value)
+
+
+def exception_types(owner: str, option: str, value: Any) -> tuple[type[BaseException], ...]:
+    """The exception classes of option ``option`` of ``owner`` (a task or a setting).
+
+    ``value`` is a class, an import path to one (``"pkg.mod.Class"``, ``"pkg.mod:Class"``, or
+    a builtin's bare name: handy in Django settings), or a list or tuple of those. Errors name
+    ``owner.option`` (a task's attribute), or ``owner['option']`` when ``owner`` is a
+    ``resilience_*`` setting (a dict, whose options are keys).
+    """
+    name = f"{owner}[{option!r}]" if owner.startswith("resilience_") else f"{owner}.{option}"
+    items = value if isinstance(value, (list, tuple)) else (value,)
+    types: list[type[BaseException]] = []
+    for item in items:
+        resolved = _import_path(name, item) if isinstance(item, str) else item
+        if not (isinstance(resolved, type) and issubclass(resolved, BaseException)):
+            raise _bad(name, item, "exception classes or dotted paths to them")
+        types.append(resolved)
+    return tuple(types)
+
+
+def _import_path(setting: str, path: str) -> Any:
+    # No module (a bare name) is a builtin: ``"KeyError"``.
+    module, _, name = path.replace(":", ".").rpartition(".")
+    try:
+        return getattr(importlib.import_module(module or "builtins"), name)
+    except (ImportError, AttributeError, ValueError, TypeError) as exc:  # TypeError: ".x"
+        raise _bad(setting, path, "an importable dotted path") from exc

@@ -1,0 +1,268 @@
+"""The per-app runtime: settings, connections, breakers, stores, the delivery guard and the clock.
+
+One :class:`Runtime` per Celery app, made on first use (settings validated then). Everything the
+package does goes through it; :class:`~celery_resilience.Resilience` is the public facade on top
+that adds the use cases (drain, replay, the back-out view, the beat entry).
+
+Connections are made lazily and again in every process: after a fork (prefork pool children)
+nothing opened by the parent is used, since a shared socket would interleave replies.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import weakref
+from typing import Any, cast
+
+import redis
+
+from .breaker.breaker import Breaker, TransitionListener
+from .breaker.health import RedisHealth
+from .breaker.memory import MemoryBreakerStore
+from .breaker.permit import Admission
+from .breaker.redis import RedisBreakerStore
+from .breaker.store import BreakerStore, Delivery, DeliveryGuard
+from .breaker.views import Views
+from .config import ResilienceConfig, backout_store_factory
+from .errors import StoreUnavailable
+from .events import send_breaker_event
+from .parked.memory import MemoryBackoutStore
+from .parked.redis import RedisBackoutStore
+from .parked.store import BackoutStore
+from .redact import get_logger
+from .redis_io import make_client, redis_time
+from .trouble import TroubleLog
+
+logger = get_logger("celery_resilience")
+_runtimes: weakref.WeakKeyDictionary[Any, Runtime] = weakref.WeakKeyDictionary()
+_runtimes_lock = threading.Lock()
+
+
+def installed(app: Any) -> Runtime | None:
+    """The app's runtime if one was made or installed, without making one."""
+    with _runtimes_lock:
+        return _runtimes.get(app)
+
+
+def install(app: Any, runtime: Runtime) -> None:
+    """Use ``runtime`` for ``app`` from now on (tests, or a custom store)."""
+    with _runtimes_lock:
+        _runtimes[app] = runtime
+
+
+def forget(app: Any) -> None:
+    """Drop the app's runtime: the next ``for_app`` makes a new one (tests)."""
+    with _runtimes_lock:
+        _runtimes.pop(app, None)
+
+
+def all_runtimes() -> list[Runtime]:
+    with _runtimes_lock:
+        return list(_runtimes.values())
+
+
+class Runtime:
+    """Settings, Redis connection, breakers and back-out store of one Celery app."""
+
+    def __init__(
+        self,
+        app: Any,
+        config: ResilienceConfig | None = None,
+        breaker_store: BreakerStore | None = None,
+        backout: BackoutStore | None = None,
+    ) -> None:
+        self.app = app
+        self.config = config if config is not None else ResilienceConfig.from_app(app)
+        self.health = RedisHealth(self.config.on_redis_error)
+        #: Send Flower-visible events for breaker transitions (off in tests that don't care).
+        self.send_events = True
+        self.transition_listeners: list[TransitionListener] = [self._send_transition_event]
+        #: Failures to park, and to publish a retry, logged once per cause (their own loggers).
+        self.park_trouble = TroubleLog(get_logger("celery_resilience.park"), "parking")
+        self.retry_trouble = TroubleLog(get_logger("celery_resilience.task"), "publishing retries")
+        self.clock_trouble = TroubleLog(logger, "Redis TIME")
+        self._fixed_breaker_store = breaker_store
+        self._fixed_backout = backout
+        self._backout: BackoutStore | None = None
+        self._breakers: dict[str, Breaker] = {}
+        self._lock = threading.Lock()
+        self._pid = -1
+        self._client: redis.Redis | None = None
+        self._breaker_store: BreakerStore | None = None
+        #: What this process knows of the breakers between round trips (one watch for all).
+        self.views = Views(lambda: self.breaker_store)
+
+    @classmethod
+    def for_app(cls, app: Any) -> Runtime:
+        """The app's one runtime, made (and its settings validated) on first use."""
+        runtime = _runtimes.get(app)  # the hot path (every task): no lock once made
+        if runtime is not None:
+            return runtime
+        with _runtimes_lock:
+            runtime = _runtimes.get(app)
+            if runtime is None:
+                runtime = _runtimes[app] = cls(app)
+            return runtime
+
+    def _send_transition_event(self, breaker: str, transition: str, state: str) -> None:
+        if self.send_events:
+            send_breaker_event(self.app, breaker, transition, state)
+
+    # -- connections, made again after a fork ---------------------------------------------
+    def _connect(self) -> None:
+        with self._lock:
+            if self._pid == os.getpid():
+                return
+            config = self.config
+            if config.in_memory:
+                # One process, nothing shared: the stores outlive forks only as copies.
+                self._breaker_store = self._fixed_breaker_store or MemoryBreakerStore()
+                self._backout = self._fixed_backout or MemoryBackoutStore(
+                    max_entries=config.backout_max_entries,
+                    dead_ttl=config.dead_ttl,
+                    serializer=config.serializer,
+                    accept=self.app.conf.accept_content,
+                )
+                self._fixed_breaker_store, self._fixed_backout = self._breaker_store, self._backout
+                self._pid = os.getpid()
+                return
+            self._client = make_client(config.redis_url, config.redis_timeout)
+            self._breaker_store = self._fixed_breaker_store or RedisBreakerStore(
+                make_client(config.redis_url, config.redis_timeout, retry=False),
+                config.key_prefix,
+            )
+            self._backout = (
+                self._fixed_backout
+                or self._custom_backout()
+                or RedisBackoutStore(
+                    self._client,
+                    config.key_prefix,
+                    serializer=config.serializer,
+                    accept=self.app.conf.accept_content,
+                    max_entries=config.backout_max_entries,
+                    dead_ttl=config.dead_ttl,
+                )
+            )
+            self._pid = os.getpid()
+
+    def _custom_backout(self) -> BackoutStore | None:
+        """The store named by ``resilience_backout_store`` when it is not Redis."""
+        if self.config.backout_store == "redis":
+            return None
+        store: BackoutStore = backout_store_factory(self.config.backout_store)(self)
+        return store
+
+    def reset_connections(self) -> None:
+        """Forget connections so the next use opens new ones (``worker_process_init``)."""
+        with self._lock:
+            self._pid = -1
+
+    def close(self) -> None:
+        """Stop watching the breakers and close this process's connections (tests, shutdown)."""
+        self.views.close()
+        with self._lock:
+            for client in (self._client, getattr(self._breaker_store, "client", None)):
+                if client is not None:
+                    client.close()
+            self._pid = -1
+
+    @property
+    def redis(self) -> redis.Redis:
+        """The Redis client of breakers and store (``StoreUnavailable`` with ``memory://``)."""
+        if self._pid != os.getpid():
+            self._connect()
+        if self._client is None:
+            raise StoreUnavailable("resilience_redis_url is memory://: there is no Redis")
+        return self._client
+
+    @property
+    def breaker_store(self) -> BreakerStore:
+        """The store every breaker of this app keeps its state in (Redis, or memory)."""
+        if self._pid != os.getpid():
+            self._connect()
+        assert self._breaker_store is not None
+        return self._breaker_store
+
+    @property
+    def guard(self) -> DeliveryGuard:
+        """The delivery guard: redelivery counts and dedup markers, beside the breakers."""
+        # The breaker stores guard deliveries too: the questions ride in the permit's round trip.
+        return cast(DeliveryGuard, self.breaker_store)
+
+    @property
+    def backout_store(self) -> BackoutStore:
+        """The store of parked tasks, with the drain's side (claim, ack) and the counters."""
+        if self._pid != os.getpid():
+            self._connect()
+        assert self._backout is not None
+        return self._backout
+
+    # -- breakers ---------------------------------------------------------------------------
+    def breaker(self, name: str) -> Breaker:
+        """The shared breaker ``name`` (settings from ``resilience_breakers`` or the defaults)."""
+        breaker = self._breakers.get(name)
+        if breaker is None:
+            with self._lock:
+                breaker = self._breakers.get(name)
+                if breaker is None:
+                    breaker = Breaker(
+                        name,
+                        self.config.breaker(name),
+                        lambda: self.breaker_store,
+                        self.health,
+                        self.transition_listeners,
+                        self.views,
+                    )
+                    self._breakers[name] = breaker
+        return breaker
+
+    def flush(self) -> None:
+        """Send every breaker's deferred successes now (worker shutdown)."""
+        for breaker in list(self._breakers.values()):
+            breaker.flush()
+
+    def breaker_names(self) -> list[str]:
+        """Configured breakers and every breaker that has state in the store."""
+        names = set(self.config.breakers)
+        store_names = getattr(self.breaker_store, "names", None)
+        if store_names is not None:
+            names |= store_names()
+        return sorted(names)
+
+    # -- the delivery guard, for tasks without a breaker -------------------------------------
+    def deliver(self, scope: str | None, delivery: Delivery) -> Admission:
+        """The delivery questions of a task without a breaker (one round trip)."""
+        try:
+            deliveries, skip = self.guard.deliver(scope, delivery)
+        except redis.RedisError as exc:
+            self.health.failed(scope or "-", exc)
+            return Admission(None, None)
+        return Admission(None, None, deliveries, skip)
+
+    def mark_done(self, scope: str | None, task_id: str) -> None:
+        """Remember that ``task_id`` succeeded (``deduplicate=True``)."""
+        try:
+            self.guard.mark_done(scope, task_id, int(self.config.dedup_ttl))
+        except redis.RedisError as exc:
+            self.health.failed(scope or "-", exc)
+
+    # -- counters and clock -------------------------------------------------------------------
+    def count_retry(self, breaker: str | None) -> None:
+        """Count a scheduled retry for metrics (the retry path publishes anyway: not hot)."""
+        try:
+            self.backout_store.bump({f"retries|{breaker or '-'}": 1})
+        except Exception:  # a metric must never stop a retry
+            logger.debug("Could not count a retry", exc_info=True)
+
+    def now(self) -> float:
+        """Epoch seconds from Redis ``TIME`` (the fleet's one clock), or local time if down."""
+        try:
+            now = redis_time(self.redis)
+        except (redis.RedisError, StoreUnavailable) as exc:
+            if not self.config.in_memory:
+                self.clock_trouble.failed(exc, "Redis TIME unavailable: using this host's clock")
+            return time.time()
+        self.clock_trouble.ok()
+        return now
