@@ -30,8 +30,8 @@ from .matrix import TABLE, USER, Ledger, MatrixWorld, wait_for
 
 pytestmark = pytest.mark.slow
 
-CLAIM = script_sha("backout/lua/claim.lua")
-ACK = script_sha("backout/lua/delete.lua")
+CLAIM = script_sha("parked/lua/claim.lua")
+ACK = script_sha("parked/lua/delete.lua")
 LEASE = 2.0
 
 

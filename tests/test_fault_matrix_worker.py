@@ -26,7 +26,7 @@ from .matrix import TABLE, USER, MatrixWorld, wait_for
 pytestmark = pytest.mark.slow
 
 ACQUIRE = script_sha("breaker/lua/acquire.lua")
-PARK = script_sha("backout/lua/park.lua")
+PARK = script_sha("parked/lua/park.lua")
 
 
 @pytest.fixture(scope="module")
