@@ -14,7 +14,7 @@ from typing import Any, Protocol
 from .breaker.breaker import Breaker
 from .breaker.types import STATES
 from .parked.entry import STATUSES
-from .parked.store import NO_BREAKER, BackoutStore
+from .parked.store import NO_BREAKER, BackoutStore, Filter
 
 
 class Source(Protocol):
@@ -95,7 +95,7 @@ class ResilienceCollector:
         names = store.breakers() | set(self.resilience.breaker_names()) | {NO_BREAKER}
         for breaker in sorted(names):
             for status in STATUSES:
-                entries.add_metric([_label(breaker), status], store.count(breaker, status))
+                entries.add_metric([_label(breaker), status], store.count(Filter(breaker, status)))
         yield entries
         stats = store.stats()
         families = {

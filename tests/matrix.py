@@ -27,7 +27,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,7 +41,7 @@ from celery_resilience.parked.entry import ParkedTask
 
 from .faults import FaultProxy, make_user
 from .redis_server import RedisServer
-from .worker_process import WorkerProcess
+from .worker_process import WorkerProcess, wait_until
 from .workerapp import broker_keyprefix, make_app
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -54,14 +54,7 @@ TABLE_ENV = "RESILIENCE_MATRIX_TABLE"
 
 
 def wait_for(predicate: Callable[[], Any], what: str, timeout: float = SETTLE_TIMEOUT) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)
+    return wait_until(predicate, what, timeout)
 
 
 @dataclass
@@ -295,3 +288,26 @@ class MatrixWorld:
         self.store.close()
         delete_prefix(self.ledger, self.prefix)
         self.ledger.close()
+
+
+@contextlib.contextmanager
+def running_world(
+    tmp: Path, redis_url: str, pool: str, concurrency: int = 1, **options: Any
+) -> Iterator[MatrixWorld]:
+    """A world with one worker started (a test module's fixture); its ledger rows are printed
+    at the end."""
+    world = MatrixWorld(tmp, redis_url, **options)
+    try:
+        world.start_worker(pool, concurrency)
+        yield world
+    finally:
+        world.close()
+        for row in TABLE:
+            print(row)
+
+
+def fresh(world: MatrixWorld) -> None:
+    """Every cell starts healed, with the dependency up and a fresh closed breaker."""
+    world.heal()
+    world.dependency(up=True)
+    world.resilience.breaker("dep").reset()

@@ -22,6 +22,7 @@ from celery import Celery
 from celery_resilience import ParkedTask, Resilience
 from celery_resilience.contrib.django.store import DjangoBackoutStore, make_store
 from celery_resilience.errors import ConfigurationError, StoreUnavailable
+from celery_resilience.parked import Filter
 from celery_resilience.parked.entry import UNDECODABLE_TASK
 from tests import django_settings
 
@@ -98,7 +99,7 @@ def test_claim_leases_due_entries_oldest_due_first(store: DjangoBackoutStore) ->
     assert store.in_flight() == 2
     assert store.claim("b", 10, lease=60, now=now) == []
     # Claimed entries still read as parked, and come back when the lease ends.
-    assert store.count(status="parked") == 3
+    assert store.count(Filter(status="parked")) == 3
     assert store.get(early.id) == early
     again = store.claim("b", 10, lease=60, now=now + 61)
     assert {c.id for c in again} == {early.id, late.id}

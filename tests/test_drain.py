@@ -23,7 +23,7 @@ from celery import Celery
 from celery_resilience import ParkedTask, Resilience, drain, replay, sending
 from celery_resilience.breaker import MemoryBreakerStore
 from celery_resilience.drain import PUBLISH_RETRY_DELAY, Drainer, DrainReport
-from celery_resilience.parked import MemoryBackoutStore, RedisBackoutStore
+from celery_resilience.parked import Filter, MemoryBackoutStore, RedisBackoutStore
 from celery_resilience.runtime import Runtime
 
 TASK = "t.charge"
@@ -493,7 +493,7 @@ def test_publish_refused_by_the_broker_leaves_the_rest_parked(
     assert (report.replayed, report.errors) == (2, 1)
     assert sent_ids(redis_client, queue) == spy.task_ids == [e.task_id for e in entries[:2]]
     store = resilience.backout_store
-    assert store.count(status="parked") == 8
+    assert store.count(Filter(status="parked")) == 8
     assert {e.id for e in store.list()} == {e.id for e in entries[2:]}
     assert store.in_flight() == 0
     # Given back, due again a little later: an immediate drain does not hammer the broker.
@@ -557,6 +557,28 @@ def test_replay_of_an_expired_entry_refuses_and_marks_it_dead(
 # -- one drainer at a time -----------------------------------------------------------------------
 
 
+def race(first: Resilience, second: Resilience) -> list[list[DrainReport]]:
+    """Two drainers started together, each draining until the store is empty (10 s at most):
+    the reports of each."""
+    reports: list[list[DrainReport]] = [[], []]
+    stop = time.monotonic() + 10.0
+    start = threading.Barrier(2)
+
+    def run(resilience: Resilience, mine: list[DrainReport]) -> None:
+        start.wait()
+        _drain_until_empty(resilience, mine, stop)
+
+    threads = [
+        threading.Thread(target=run, args=(r, mine))
+        for r, mine in zip((first, second), reports, strict=True)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return reports
+
+
 def _drain_until_empty(resilience: Resilience, reports: list[DrainReport], stop: float) -> None:
     while resilience.backout_store.count() and time.monotonic() < stop:
         report = Drainer(resilience.runtime).run()
@@ -576,22 +598,7 @@ def test_two_drains_at_once_never_publish_an_entry_twice(
     second = make_resilience(kind, like=first, drain_batch=20)
     entries = park(first, 150, queue)
     spy = PublishSpy(monkeypatch, lambda n, entry: time.sleep(0.001))
-    reports: list[list[DrainReport]] = [[], []]
-    stop = time.monotonic() + 10.0
-    start = threading.Barrier(2)
-
-    def run(resilience: Resilience, mine: list[DrainReport]) -> None:
-        start.wait()
-        _drain_until_empty(resilience, mine, stop)
-
-    threads = [
-        threading.Thread(target=run, args=(r, mine))
-        for r, mine in zip((first, second), reports, strict=True)
-    ]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    reports = race(first, second)
 
     ledger = sent_ids(redis_client, queue)
     assert len(ledger) == len(set(ledger)) == 150
@@ -616,22 +623,7 @@ def test_claims_are_exclusive_even_without_the_drain_lock(
     park(first, 150, queue)
     monkeypatch.setattr(drain, "drain_lock", _no_lock)
     PublishSpy(monkeypatch, lambda n, entry: time.sleep(0.001))
-    reports: list[list[DrainReport]] = [[], []]
-    stop = time.monotonic() + 10.0
-    start = threading.Barrier(2)
-
-    def run(resilience: Resilience, mine: list[DrainReport]) -> None:
-        start.wait()
-        _drain_until_empty(resilience, mine, stop)
-
-    threads = [
-        threading.Thread(target=run, args=(r, mine))
-        for r, mine in zip((first, second), reports, strict=True)
-    ]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    reports = race(first, second)
 
     ledger = sent_ids(redis_client, queue)
     assert len(ledger) == len(set(ledger)) == 150

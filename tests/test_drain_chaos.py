@@ -25,6 +25,7 @@ from celery import Celery
 from celery_resilience import ParkedTask, Resilience, sending
 from celery_resilience.drain import Drainer, DrainReport
 from celery_resilience.errors import StoreUnavailable
+from celery_resilience.parked import Filter
 from tests.redis_server import RedisServer
 from tests.test_drain import TASK, charge, park, queue_keys, sent_count, sent_ids
 
@@ -224,19 +225,19 @@ def test_store_and_breakers_survive_a_redis_restart_mid_drain(
             assert isinstance(outcome["error"], (StoreUnavailable, redis.RedisError))
 
         # ... the parked entries and the breakers' state are all still there,
-        assert store.count(breaker="down", status="parked") == 10
+        assert store.count(Filter("down", "parked")) == 10
         for name in ("down", "held"):
             after = resilience.breaker(name).snapshot()
             assert after["state"] == before[name]["state"]
             assert after["opened_total"] == before[name]["opened_total"]
             assert after["opened_at"] == before[name]["opened_at"]
-        left = {e.task_id for e in store.list(breaker="dep", limit=1000)}
+        left = {e.task_id for e in store.list(Filter("dep"), limit=1000)}
         published = set(sent_ids(redis_client, queue))
         assert {e.task_id for e in dep} <= left | published  # none lost so far
 
         # and a drain after it finishes the work.
-        drain_until(resilience, lambda: store.count(breaker="dep") == 0, timeout=20.0)
-        assert store.count(breaker="down") == 10  # still held back by its open breaker
+        drain_until(resilience, lambda: store.count(Filter("dep")) == 0, timeout=20.0)
+        assert store.count(Filter("down")) == 10  # still held back by its open breaker
         down.reset()
         drain_until(resilience, lambda: store.count() == 0, timeout=20.0)
 

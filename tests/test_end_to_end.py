@@ -22,6 +22,7 @@ import pytest
 import redis
 
 from celery_resilience import Resilience
+from celery_resilience.parked import Filter
 from tests import e2eapp
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
@@ -199,7 +200,7 @@ def test_outage_parks_every_task_and_beat_brings_all_back(
         return int(redis_client.get(keys["calls"]) or 0)
 
     def all_parked() -> bool:
-        return store.count("dep", "parked") == TASKS
+        return store.count(Filter("dep", "parked")) == TASKS
 
     redis_client.set(keys["up"], "0")
     for process in processes:
@@ -230,7 +231,7 @@ def test_outage_parks_every_task_and_beat_brings_all_back(
     )
     wait_until("the probe's task parked again", all_parked, PARK_TIMEOUT, processes)
     assert sorted(e.task_id for e in store.list(limit=10 * TASKS)) == sorted(ids)
-    assert store.count(status="dead") == 0
+    assert store.count(Filter(status="dead")) == 0
     calls_down = calls()
     assert calls_down > calls_parked  # the probe did call the dependency
 

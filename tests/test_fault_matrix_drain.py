@@ -26,7 +26,7 @@ from celery_resilience import ParkedTask
 from celery_resilience.drain import Drainer
 
 from .faults import acl_denied, out_of_memory, read_only, script_sha
-from .matrix import TABLE, USER, Ledger, MatrixWorld, wait_for
+from .matrix import USER, Ledger, MatrixWorld, fresh, running_world, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -38,19 +38,14 @@ LEASE = 2.0
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[MatrixWorld]:
     tmp: Path = tmp_path_factory.mktemp("matrix-drain")
-    world = MatrixWorld(tmp, redis_url)
-    world.start_worker("solo")
-    yield world
-    world.close()
-    for row in TABLE:
-        print(row)
+    with running_world(tmp, redis_url, "solo") as world:
+        yield world
 
 
 @pytest.fixture(autouse=True)
 def clean(world: MatrixWorld) -> Iterator[None]:
-    world.heal()
-    world.dependency(up=True)
-    world.resilience.breaker("dep").reset()
+    """Every cell starts healed, with the dependency up and a fresh closed breaker."""
+    fresh(world)
     yield
     world.heal()
 

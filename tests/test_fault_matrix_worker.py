@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from .faults import acl_denied, out_of_memory, read_only, script_sha
-from .matrix import TABLE, USER, MatrixWorld, wait_for
+from .matrix import USER, MatrixWorld, fresh, running_world, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -32,20 +32,16 @@ PARK = script_sha("parked/lua/park.lua")
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[MatrixWorld]:
     tmp: Path = tmp_path_factory.mktemp("matrix-worker")
-    world = MatrixWorld(tmp, redis_url, store_msgpack=1, restore_interval=1, visibility_timeout=5)
-    world.start_worker("prefork", 1)
-    yield world
-    world.close()
-    for row in TABLE:
-        print(row)
+    with running_world(
+        tmp, redis_url, "prefork", 1, store_msgpack=1, restore_interval=1, visibility_timeout=5
+    ) as world:
+        yield world
 
 
 @pytest.fixture(autouse=True)
 def clean(world: MatrixWorld) -> Iterator[None]:
     """Every cell starts healed, with the dependency up and a fresh closed breaker."""
-    world.heal()
-    world.dependency(up=True)
-    world.resilience.breaker("dep").reset()
+    fresh(world)
     yield
     world.heal()
 

@@ -27,7 +27,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,23 +41,12 @@ from celery_resilience import Resilience
 from .conftest import REDIS_URL, delete_prefix
 from .flowerapp import make_app
 from .redis_server import free_port
-from .worker_process import READY_TIMEOUT, ROOT, WorkerProcess
+from .worker_process import READY_TIMEOUT, WorkerProcess, spawn, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 
 WAIT = 20.0
 TASK = "workerapp.charge"
-
-
-def wait_for(predicate: Callable[[], Any], what: str, timeout: float = WAIT) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.1)
 
 
 class EventWorker(WorkerProcess):
@@ -68,24 +57,9 @@ class EventWorker(WorkerProcess):
         """The hostname the worker puts in its events (``%h`` expanded as Celery does)."""
         return self.hostname.replace("%h", socket.gethostname())
 
-    def start(self, timeout: float = READY_TIMEOUT) -> EventWorker:
-        command = [
-            sys.executable, "-m", "celery", "-A", "tests.flowerapp", "worker", "-E",
-            "-P", self.pool, "-c", str(self.concurrency), "-Q", self.queue, "-n", self.hostname,
-            "--without-gossip", "--without-mingle", "-l", "info",
-        ]  # fmt: skip
-        with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(
-                command,
-                cwd=ROOT,
-                env=self.env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        self.wait_ready(timeout)
-        return self
+    def command(self) -> list[str]:
+        """The plain worker's, with task events on (``-E``) and event heartbeats kept."""
+        return ["-E" if arg == "--without-heartbeat" else arg for arg in super().command()]
 
 
 class FlowerProcess:
@@ -102,16 +76,7 @@ class FlowerProcess:
             sys.executable, "-m", "celery", "-A", "tests.flowerapp", "flower",
             f"--port={self.port}", "--address=127.0.0.1",
         ]  # fmt: skip
-        with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(
-                command,
-                cwd=ROOT,
-                env=self.env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+        self.process = spawn(command, self.env, self.log_path)
         deadline = time.monotonic() + timeout
         while True:
             if self.process.poll() is not None:
@@ -209,7 +174,7 @@ class World:
             tasks = self.flower.tasks(state="PARKED")
             return tasks if set(task_ids) <= set(tasks) else None
 
-        return dict(wait_for(seen, f"{len(task_ids)} tasks PARKED in Flower"))
+        return dict(wait_until(seen, f"{len(task_ids)} tasks PARKED in Flower"))
 
 
 @pytest.fixture(scope="module")
@@ -252,7 +217,7 @@ def test_parked_tasks_show_in_flower_and_replay_to_success(world: World) -> None
     task_ids = world.publish(3, "forced")
 
     tasks = world.wait_flower_parked(task_ids)
-    entries = wait_for(
+    entries = wait_until(
         lambda: (found := world.parked_entries(task_ids)) and len(found) == 3 and found,
         "3 entries in the back-out store",
     )
@@ -285,7 +250,7 @@ def test_parked_tasks_show_in_flower_and_replay_to_success(world: World) -> None
         infos = [world.flower.task(task_id) for task_id in task_ids]
         return all(info is not None and info["state"] == "SUCCESS" for info in infos)
 
-    wait_for(all_succeeded, "the replayed tasks SUCCESS in Flower")
+    wait_until(all_succeeded, "the replayed tasks SUCCESS in Flower")
     for task_id in task_ids:
         info = world.flower.task(task_id)
         assert info is not None
@@ -318,7 +283,7 @@ def test_breaker_tripped_in_the_worker_counts_for_the_worker(world: World) -> No
     assert snapshot["opened_total"] == 1
 
     # Exactly one ``opened`` event for the trip, counted for the worker that made it.
-    wait_for(
+    wait_until(
         lambda: world.flower.workers().get(node, {}).get("resilience-breaker-opened"),
         "resilience-breaker-opened in /workers",
     )
@@ -360,7 +325,7 @@ def test_task_replayed_goes_out_only_for_what_was_published(world: World) -> Non
 
     assert report.dead == 1
     assert report.replayed >= 1  # the good one, and what an earlier test left parked
-    wait_for(
+    wait_until(
         lambda: (info := world.flower.task(good.task_id)) and info["state"] == "SUCCESS",
         "the published replay SUCCESS in Flower",
     )

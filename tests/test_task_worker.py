@@ -26,7 +26,7 @@ from celery import Celery
 from celery_resilience import Resilience
 from celery_resilience.parked.entry import ParkedTask
 
-from .worker_process import WorkerProcess
+from .worker_process import WorkerProcess, wait_until
 from .workerapp import broker_keyprefix, make_app
 
 pytestmark = pytest.mark.slow
@@ -40,14 +40,7 @@ RETRY_LOG = re.compile(r"Task workerapp\.charge\[([0-9a-f-]+)\] retry (\d+)/\S+ 
 
 
 def wait_for(predicate: Callable[[], Any], what: str, timeout: float = WAIT) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)
+    return wait_until(predicate, what, timeout)
 
 
 class World:

@@ -13,12 +13,44 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 READY_TIMEOUT = 30.0
 STOP_TIMEOUT = 15.0
+
+
+def wait_until(
+    predicate: Callable[[], Any], what: str, timeout: float = 20.0, poll: float = 0.05
+) -> Any:
+    """Poll ``predicate`` until it returns something true (returned); ``AssertionError`` naming
+    ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(poll)
+
+
+def spawn(
+    command: Sequence[str], env: Mapping[str, str], log_path: Path
+) -> subprocess.Popen[bytes]:
+    """Start ``command`` from the repository's root, its output appended to ``log_path``."""
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(
+            list(command),
+            cwd=ROOT,
+            env=dict(env),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # a Ctrl-C of pytest is not sent to the process too
+        )
 
 
 class WorkerProcess:
@@ -46,38 +78,16 @@ class WorkerProcess:
         assert self.process is not None
         return self.process.pid
 
+    def command(self) -> list[str]:
+        """The worker's command line (a subclass adds options)."""
+        return [
+            sys.executable, "-m", "celery", "-A", self.app, "worker",
+            "-P", self.pool, "-c", str(self.concurrency), "-Q", self.queue, "-n", self.hostname,
+            "--without-heartbeat", "--without-gossip", "--without-mingle", "-l", "info",
+        ]  # fmt: skip
+
     def start(self, timeout: float = READY_TIMEOUT) -> WorkerProcess:
-        command = [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            self.app,
-            "worker",
-            "-P",
-            self.pool,
-            "-c",
-            str(self.concurrency),
-            "-Q",
-            self.queue,
-            "-n",
-            self.hostname,
-            "--without-heartbeat",
-            "--without-gossip",
-            "--without-mingle",
-            "-l",
-            "info",
-        ]
-        with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(
-                command,
-                cwd=ROOT,
-                env=self.env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # a Ctrl-C of pytest is not sent to the worker too
-            )
+        self.process = spawn(self.command(), self.env, self.log_path)
         self.wait_ready(timeout)
         return self
 

@@ -10,7 +10,7 @@ import click
 from celery.bin.base import CeleryCommand
 
 from ..checks import run_checks
-from ..parked.store import NO_BREAKER
+from ..parked.store import NO_BREAKER, Filter
 from ..task import resilient_tasks
 from .group import resilience
 from .output import emit, json_option, known_breaker, resilience_of, table, when
@@ -27,12 +27,12 @@ def status(ctx: click.Context, as_json: bool) -> None:
     rows = []
     for name in names:
         snap = res.breaker(name).snapshot()
-        snap["parked"] = store.count(name, "parked")
-        snap["dead"] = store.count(name, "dead")
+        snap["parked"] = store.count(Filter(name, "parked"))
+        snap["dead"] = store.count(Filter(name, "dead"))
         rows.append((name, snap))
     unbroken = {
-        "parked": store.count(NO_BREAKER, "parked"),
-        "dead": store.count(NO_BREAKER, "dead"),
+        "parked": store.count(Filter(NO_BREAKER, "parked")),
+        "dead": store.count(Filter(NO_BREAKER, "dead")),
     }
     data = {"breakers": dict(rows), "no_breaker": unbroken}
 

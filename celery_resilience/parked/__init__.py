@@ -15,14 +15,16 @@ from .entry import (
 )
 from .memory import MemoryBackoutStore
 from .redis import BackoutKeys, RedisBackoutStore
-from .store import NO_BREAKER, BackoutStore, StoreFull
+from .store import ANY, NO_BREAKER, BackoutStore, Filter, StoreFull
 
 __all__ = [
+    "ANY",
     "NO_BREAKER",
     "REASONS",
     "STATUSES",
     "BackoutKeys",
     "BackoutStore",
+    "Filter",
     "MemoryBackoutStore",
     "ParkedTask",
     "Reason",

@@ -14,11 +14,12 @@ from dataclasses import dataclass
 
 from .entry import ParkedTask, encode, store_accept
 from .store import (
+    ANY,
+    Filter,
     Meta,
     StoreFull,
     breaker_key,
     check_dead_reason,
-    check_filters,
     check_page,
     held,
     read_entry,
@@ -75,26 +76,19 @@ class MemoryBackoutStore:
             record = self._records.get(entry_id)
         return None if record is None else self._read(entry_id, record)
 
-    def count(self, breaker: str | None = None, status: str | None = None) -> int:
-        check_filters(status)
+    def count(self, where: Filter = ANY) -> int:
         with self._lock:
-            return sum(1 for r in self._records.values() if r.meta.matches(breaker, status, None))
+            return sum(1 for r in self._records.values() if where.matches(r.meta))
 
     def list(
-        self,
-        breaker: str | None = None,
-        status: str | None = None,
-        reason: str | None = None,
-        limit: int = 100,
-        offset: int = 0,
+        self, where: Filter = ANY, limit: int = 100, offset: int = 0
     ) -> builtins.list[ParkedTask]:
-        check_filters(status, reason)
         check_page(limit, offset)
         with self._lock:
             chosen = [
                 (entry_id, record)
                 for entry_id, record in self._records.items()
-                if record.meta.matches(breaker, status, reason)
+                if where.matches(record.meta)
             ]
         # Redis's order: score descending, then id descending.
         chosen.sort(key=lambda item: (item[1].parked_at, item[0]), reverse=True)
@@ -104,14 +98,9 @@ class MemoryBackoutStore:
         with self._lock:
             return self._records.pop(entry_id, None) is not None
 
-    def purge(
-        self, breaker: str | None = None, status: str | None = None, reason: str | None = None
-    ) -> int:
-        check_filters(status, reason)
+    def purge(self, where: Filter = ANY) -> int:
         with self._lock:
-            doomed = [
-                i for i, r in self._records.items() if r.meta.matches(breaker, status, reason)
-            ]
+            doomed = [i for i, r in self._records.items() if where.matches(r.meta)]
             for entry_id in doomed:
                 del self._records[entry_id]
         return len(doomed)

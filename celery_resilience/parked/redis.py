@@ -19,12 +19,13 @@ from .entry import ParkedTask, encode, store_accept
 from .redis_claims import RedisClaims
 from .redis_keys import BackoutKeys
 from .store import (
+    ANY,
     NO_BREAKER,
+    Filter,
     Meta,
     StoreFull,
     breaker_key,
     check_dead_reason,
-    check_filters,
     check_page,
     count_in,
     held,
@@ -107,10 +108,7 @@ class RedisBackoutStore(RedisClaims):
         with unavailable("back-out store"):
             return self._delete_ids([entry_id]) == 1
 
-    def purge(
-        self, breaker: str | None = None, status: str | None = None, reason: str | None = None
-    ) -> int:
-        check_filters(status, reason)
+    def purge(self, where: Filter = ANY) -> int:
         deleted = 0
         with unavailable("back-out store"):
             # ZSCAN returns every id present for the whole scan, while we delete as we go.
@@ -118,17 +116,15 @@ class RedisBackoutStore(RedisClaims):
             for member, _ in self.client.zscan_iter(self.keys.index, count=_PAGE):
                 page.append(member.decode())
                 if len(page) >= _PAGE:
-                    deleted += self._purge_page(page, breaker, status, reason)
+                    deleted += self._purge_page(page, where)
                     page = []
-            deleted += self._purge_page(page, breaker, status, reason)
+            deleted += self._purge_page(page, where)
         return deleted
 
-    def _purge_page(
-        self, ids: list[str], breaker: str | None, status: str | None, reason: str | None
-    ) -> int:
-        if breaker is not None or status is not None or reason is not None:
+    def _purge_page(self, ids: list[str], where: Filter) -> int:
+        if where != ANY:
             metas = self._metas(ids)
-            ids = [i for i in ids if (m := metas.get(i)) and m.matches(breaker, status, reason)]
+            ids = [i for i in ids if (m := metas.get(i)) and where.matches(m)]
         return self._delete_ids(ids)
 
     def _delete_ids(self, ids: Sequence[str], breaker: str | None = None) -> int:
@@ -202,27 +198,26 @@ class RedisBackoutStore(RedisClaims):
             return None
         return read_entry(entry_id, data, Meta.decode(meta), parked_at or 0.0, self.accept)
 
-    def count(self, breaker: str | None = None, status: str | None = None) -> int:
-        check_filters(status)
-        return count_in(self._counters(), breaker, status)
+    def count(self, where: Filter = ANY) -> int:
+        if where.reason is None:
+            return count_in(self._counters(), where)
+        # Counters are kept per status and breaker only: a reason means reading every meta
+        # (HSCAN may return a field twice, hence the set).
+        with unavailable("back-out store"):
+            scan = self.client.hscan_iter(self.keys.meta, count=_PAGE)
+            return len({i for i, m in scan if where.matches(Meta.decode(m))})
 
     def breakers(self) -> set[str]:
         return {counter.partition("|")[2] for counter, n in self._counters().items() if n > 0}
 
     def list(
-        self,
-        breaker: str | None = None,
-        status: str | None = None,
-        reason: str | None = None,
-        limit: int = 100,
-        offset: int = 0,
+        self, where: Filter = ANY, limit: int = 100, offset: int = 0
     ) -> builtins.list[ParkedTask]:
-        check_filters(status, reason)
         check_page(limit, offset)
         if limit == 0:
             return []
         with unavailable("back-out store"):
-            if breaker is None and status is None and reason is None:
+            if where == ANY:
                 page = self._newest(offset, limit)
                 return self._load([(m.decode(), s) for m, s in page])
             chosen: list[tuple[str, float]] = []
@@ -235,7 +230,7 @@ class RedisBackoutStore(RedisClaims):
                 metas = self._metas([m.decode() for m, _ in page])
                 for member, score in page:
                     meta = metas.get(member.decode())
-                    if meta is None or not meta.matches(breaker, status, reason):
+                    if meta is None or not where.matches(meta):
                         continue
                     if skip:
                         skip -= 1

@@ -44,10 +44,44 @@ class StoreFull(ResilienceError):
         return (type(self), (self.max_entries, self.entry_id))
 
 
+@dataclass(frozen=True)
+class Filter:
+    """Which entries ``count``, ``list`` and ``purge`` mean; a field left ``None`` matches any.
+
+    One value instead of loose ``breaker, status, reason`` arguments: the public
+    ``Backout.list(breaker, status, limit, ...)`` and the store once took them in different
+    orders, and a string passed in the wrong place type-checked. ``breaker`` is a breaker name
+    or :data:`NO_BREAKER`. A filter is checked when made, so a typo fails where it was written
+    and never looks like an empty store.
+    """
+
+    breaker: str | None = None
+    status: Status | None = None
+    reason: Reason | None = None
+
+    def __post_init__(self) -> None:
+        if self.status is not None and self.status not in STATUSES:
+            raise ValueError(f"status must be one of {STATUSES}, got {self.status!r}")
+        if self.reason is not None and self.reason not in REASONS:
+            raise ValueError(f"reason must be one of {REASONS}, got {self.reason!r}")
+
+    def matches(self, meta: Meta) -> bool:
+        """Whether the entry of ``meta`` is one of these (no payload needs decoding)."""
+        return (
+            (self.breaker is None or self.breaker == meta.breaker)
+            and (self.status is None or self.status == meta.status)
+            and (self.reason is None or self.reason == meta.reason)
+        )
+
+
+#: Every entry.
+ANY = Filter()
+
+
 class EntryStore(Protocol):
     """Durable storage of parked tasks: what parking, the CLI and the admin need.
 
-    ``breaker`` filters take a breaker name or :data:`NO_BREAKER`; ``None`` means any.
+    ``count``, ``list`` and ``purge`` take which entries as one :class:`Filter` (``ANY``: all).
     An entry in flight (claimed by a drain, not yet acked) still reads as ``parked``.
     """
 
@@ -57,25 +91,18 @@ class EntryStore(Protocol):
     def get(self, entry_id: str) -> ParkedTask | None:
         """The entry, a placeholder if its bytes can't be decoded, ``None`` if absent."""
 
-    def count(self, breaker: str | None = None, status: str | None = None) -> int:
-        """Number of entries, undecodable ones included."""
+    def count(self, where: Filter = ANY) -> int:
+        """Number of matching entries, undecodable ones included."""
 
     def list(
-        self,
-        breaker: str | None = None,
-        status: str | None = None,
-        reason: str | None = None,
-        limit: int = 100,
-        offset: int = 0,
+        self, where: Filter = ANY, limit: int = 100, offset: int = 0
     ) -> builtins.list[ParkedTask]:
         """Matching entries, newest ``parked_at`` first."""
 
     def delete(self, entry_id: str) -> bool:
         """Remove one entry; ``False`` if it was not there."""
 
-    def purge(
-        self, breaker: str | None = None, status: str | None = None, reason: str | None = None
-    ) -> int:
+    def purge(self, where: Filter = ANY) -> int:
         """Remove every matching entry; the number removed."""
 
     def breakers(self) -> set[str]:
@@ -163,13 +190,6 @@ class Meta:
         """Field of the per (status, breaker) counter this entry counts in."""
         return f"{self.status}|{self.breaker}"
 
-    def matches(self, breaker: str | None, status: str | None, reason: str | None) -> bool:
-        return (
-            (breaker is None or breaker == self.breaker)
-            and (status is None or status == self.status)
-            and (reason is None or reason == self.reason)
-        )
-
     def dead(self, dead_reason: str) -> Meta:
         return Meta(self.breaker, "dead", self.reason, dead_reason)
 
@@ -177,14 +197,6 @@ class Meta:
 def breaker_key(breaker: str | None) -> str:
     """The internal name of ``breaker`` (``None`` is :data:`NO_BREAKER`)."""
     return NO_BREAKER if breaker is None else breaker
-
-
-def check_filters(status: str | None = None, reason: str | None = None) -> None:
-    """Reject a filter that can never match: a typo should not look like an empty store."""
-    if status is not None and status not in STATUSES:
-        raise ValueError(f"status must be one of {STATUSES}, got {status!r}")
-    if reason is not None and reason not in REASONS:
-        raise ValueError(f"reason must be one of {REASONS}, got {reason!r}")
 
 
 def check_page(limit: int, offset: int) -> None:
@@ -225,14 +237,15 @@ def check_dead_reason(dead_reason: str) -> None:
         raise ValueError(f"dead_reason must be a non-empty str without '|', got {dead_reason!r}")
 
 
-def count_in(counters: dict[str, int], breaker: str | None, status: str | None) -> int:
-    """Sum of the ``status|breaker`` counters that match the filters."""
+def count_in(counters: dict[str, int], where: Filter) -> int:
+    """Sum of the ``status|breaker`` counters that match ``where``, which has no ``reason``:
+    the counters are not kept per reason."""
+    if where.reason is not None:
+        raise ValueError("status|breaker counters can't count by reason")
     total = 0
     for counter, value in counters.items():
-        entry_status, _, entry_breaker = counter.partition("|")
-        if (breaker is None or breaker == entry_breaker) and (
-            status is None or status == entry_status
-        ):
+        status, _, breaker = counter.partition("|")
+        if where.breaker in (None, breaker) and where.status in (None, status):
             total += value
     return total
 

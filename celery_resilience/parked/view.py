@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import builtins
 from collections.abc import Callable
+from typing import cast
 
-from .entry import ParkedTask
-from .store import BackoutStore
+from .entry import ParkedTask, Reason, Status
+from .store import BackoutStore, Filter
 
 
 class Backout:
@@ -22,7 +23,7 @@ class Backout:
 
     def count(self, breaker: str | None = None, status: str | None = None) -> int:
         """Entries (parked and dead unless ``status`` says which), of one breaker or all."""
-        return self.store.count(breaker, status)
+        return self.store.count(_where(breaker, status))
 
     def list(
         self,
@@ -34,7 +35,7 @@ class Backout:
         offset: int = 0,
     ) -> builtins.list[ParkedTask]:
         """Entries, newest first; ``reason`` filters, ``offset`` pages."""
-        return self.store.list(breaker, status, reason, limit, offset)
+        return self.store.list(_where(breaker, status, reason), limit, offset)
 
     def get(self, entry_id: str) -> ParkedTask | None:
         """One entry, or ``None``; an undecodable one comes back as a dead placeholder."""
@@ -52,7 +53,7 @@ class Backout:
         self, breaker: str | None = None, status: str | None = None, reason: str | None = None
     ) -> int:
         """Remove every matching entry (all of them without filters); the number removed."""
-        return self.store.purge(breaker, status, reason)
+        return self.store.purge(_where(breaker, status, reason))
 
     def breakers(self) -> set[str]:
         """Breakers that have entries (``"-"`` for tasks without one)."""
@@ -61,3 +62,9 @@ class Backout:
     def stats(self) -> dict[str, float]:
         """Monotonic counters: parks by breaker and reason, replays, drain runs and time."""
         return self.store.stats()
+
+
+def _where(breaker: str | None, status: str | None, reason: str | None = None) -> Filter:
+    """The store's filter of this view's loose arguments (the casts hold: ``Filter`` checks
+    ``status`` and ``reason`` when made, and refuses ones that can never match)."""
+    return Filter(breaker, cast("Status | None", status), cast("Reason | None", reason))

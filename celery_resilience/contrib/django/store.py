@@ -37,18 +37,19 @@ from ...parked.entry import (
     store_accept,
 )
 from ...parked.store import (
+    ANY,
+    Filter,
     Meta,
     StoreFull,
     breaker_key,
     check_dead_reason,
-    check_filters,
     check_page,
     read_entry,
 )
 from .claims import COLUMNS, DjangoClaims, reachable
 
 if TYPE_CHECKING:
-    from ...resilience import Resilience
+    from ...runtime import Runtime
 
 APP = "celery_resilience.contrib.django"
 #: Stat rows with this prefix are locks, not counters: ``stats()`` leaves them out.
@@ -86,8 +87,8 @@ class DjangoBackoutStore(DjangoClaims):
     def _rows(self) -> Any:
         return self._model.objects.using(self.using)
 
-    def _filtered(self, breaker: str | None, status: str | None, reason: str | None) -> Any:
-        wanted = {"breaker": breaker, "status": status, "reason": reason}
+    def _filtered(self, where: Filter) -> Any:
+        wanted = {"breaker": where.breaker, "status": where.status, "reason": where.reason}
         return self._rows().filter(**{k: v for k, v in wanted.items() if v is not None})
 
     # -- writes ---------------------------------------------------------------------------
@@ -148,12 +149,9 @@ class DjangoBackoutStore(DjangoClaims):
         with reachable():
             return bool(self._rows().filter(pk=entry_id).delete()[0])
 
-    def purge(
-        self, breaker: str | None = None, status: str | None = None, reason: str | None = None
-    ) -> int:
-        check_filters(status, reason)
+    def purge(self, where: Filter = ANY) -> int:
         with reachable():
-            return int(self._filtered(breaker, status, reason).delete()[0])
+            return int(self._filtered(where).delete()[0])
 
     def mark_dead(self, entry_id: str, dead_reason: str) -> bool:
         check_dead_reason(dead_reason)
@@ -181,28 +179,21 @@ class DjangoBackoutStore(DjangoClaims):
             row = self._rows().filter(pk=entry_id).values_list(*COLUMNS).first()
         return None if row is None else self._read(row)
 
-    def count(self, breaker: str | None = None, status: str | None = None) -> int:
-        check_filters(status)
+    def count(self, where: Filter = ANY) -> int:
         with reachable():
-            return int(self._filtered(breaker, status, None).count())
+            return int(self._filtered(where).count())
 
     def breakers(self) -> set[str]:
         with reachable():
             return set(self._rows().order_by().values_list("breaker", flat=True).distinct())
 
     def list(
-        self,
-        breaker: str | None = None,
-        status: str | None = None,
-        reason: str | None = None,
-        limit: int = 100,
-        offset: int = 0,
+        self, where: Filter = ANY, limit: int = 100, offset: int = 0
     ) -> builtins.list[ParkedTask]:
-        check_filters(status, reason)
         check_page(limit, offset)
         if limit == 0:
             return []
-        rows = self._filtered(breaker, status, reason).order_by("-parked_at", "-id")
+        rows = self._filtered(where).order_by("-parked_at", "-id")
         with reachable():
             page = list(rows.values_list(*COLUMNS)[offset : offset + limit])
         return [self._read(row) for row in page]
@@ -245,12 +236,12 @@ class DjangoBackoutStore(DjangoClaims):
         )
 
 
-def make_store(resilience: Resilience) -> DjangoBackoutStore:
+def make_store(runtime: Runtime) -> DjangoBackoutStore:
     """The store of ``resilience_backout_store = "django"``, on the ``default`` database."""
-    config = resilience.config
+    config = runtime.config
     return DjangoBackoutStore(
         serializer=config.serializer,
-        accept=resilience.app.conf.accept_content,
+        accept=runtime.app.conf.accept_content,
         max_entries=config.backout_max_entries,
         dead_ttl=config.dead_ttl,
     )
