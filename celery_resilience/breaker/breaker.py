@@ -15,15 +15,15 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
 import redis
 
 from ..config import BreakerConfig
-from ..errors import BreakerOpen, StoreUnavailable
+from ..errors import BreakerOpen
 from ..redact import get_logger
+from ..redis_io import unavailable
 from .health import RedisHealth
 from .permit import Admission, Outcome, Permit
 from .store import BreakerStore, Delivery
@@ -39,15 +39,6 @@ TransitionListener = Callable[[str, Transition, State], None]
 #: Deferred successes reach Redis at least this often (seconds) under steady traffic, with an
 #: admission or as a record of their own.
 FLUSH_INTERVAL = 1.0
-
-
-@contextmanager
-def _store_errors() -> Iterator[None]:
-    """Reading or steering a breaker needs its store: say so in our own error type."""
-    try:
-        yield
-    except redis.RedisError as exc:
-        raise StoreUnavailable(f"breaker store unreachable: {exc}") from exc
 
 
 class Breaker:
@@ -211,7 +202,7 @@ class Breaker:
 
     def snapshot(self) -> dict[str, Any]:
         """State, counters, window counts, ``opened_at`` / ``open_until`` (epoch seconds)."""
-        with _store_errors():
+        with unavailable("breaker store"):
             return self._store().snapshot(self.name, self.limits)
 
     def force_open(self) -> None:
@@ -228,7 +219,7 @@ class Breaker:
 
     def _force(self, action: Action) -> Change:
         generation = self._views.start()
-        with _store_errors():
+        with unavailable("breaker store"):
             change = self._store().force(self.name, self.limits, action)
         self._views.learn(self.name, change.version, change.state, change.streak, generation)
         if change.transition:
