@@ -3,7 +3,13 @@
 from . import backoff, beat, worker
 from .breaker import Breaker, Permit
 from .drain import DrainReport
-from .errors import BreakerOpen, ConfigurationError, ResilienceError, StoreUnavailable
+from .errors import (
+    BreakerOpen,
+    ConfigurationError,
+    ParkedTaskDead,
+    ResilienceError,
+    StoreUnavailable,
+)
 from .parked import ParkedTask
 from .resilience import Resilience
 from .task import ResilientTask
@@ -20,6 +26,7 @@ __all__ = [
     "ConfigurationError",
     "DrainReport",
     "ParkedTask",
+    "ParkedTaskDead",
     "Permit",
     "Resilience",
     "ResilienceError",

@@ -16,7 +16,9 @@ import redis
 
 from .backoff import max_delay
 from .config import broker_countdown_limit
+from .parked.redis_keys import BackoutKeys
 from .redact import get_logger, redact
+from .redis_io import node_client, primaries
 from .runtime import Runtime
 
 logger = get_logger("celery_resilience.checks")
@@ -41,8 +43,10 @@ def run_checks(runtime: Runtime, tasks: Iterable[Any] = ()) -> list[Finding]:
             )
         )
         return findings
+    findings += _unreplicated(runtime)
     try:
         findings += _redis(runtime.redis)
+        findings += _replicas(runtime)
     except redis.RedisError as exc:
         url = redact(runtime.config.redis_url)
         findings.append(
@@ -114,7 +118,52 @@ def _task_option(task: Any, conf: Any, name: str) -> bool:
     return bool(own if own is not None else conf.get(f"task_{name}"))
 
 
+def _unreplicated(runtime: Runtime) -> list[Finding]:
+    """A Sentinel or a Cluster is there for failovers: parks that don't wait for a replica can
+    be lost in one, after their messages were acked."""
+    config = runtime.config
+    kind = config.redis_deployment.kind
+    if config.park_replicas or kind == "server" or config.backout_store != "redis":
+        return []
+    return [
+        Finding(
+            "warning",
+            f"resilience_redis_url is a Redis {kind.capitalize()} and resilience_park_replicas "
+            "is 0: replication is asynchronous, so a failover can lose parked tasks whose "
+            "messages were already acked. Set resilience_park_replicas = 1 (or more).",
+        )
+    ]
+
+
+def _replicas(runtime: Runtime) -> list[Finding]:
+    """With ``resilience_park_replicas``, the primary of the parked tasks must have as many."""
+    wanted = runtime.config.park_replicas
+    if not wanted or runtime.config.backout_store != "redis":
+        return []
+    tag = BackoutKeys.for_prefix(runtime.config.key_prefix).tag
+    info = node_client(runtime.redis, tag).info("replication")
+    connected = int(info.get("connected_slaves", 0))
+    if connected >= wanted:
+        return []
+    return [
+        Finding(
+            "error",
+            f"resilience_park_replicas is {wanted} but the Redis primary of the parked tasks "
+            f"has {connected} replica(s) connected: every park waits, fails and leaves its task "
+            "in the broker. Add replicas or lower resilience_park_replicas.",
+        )
+    ]
+
+
 def _redis(client: redis.Redis) -> list[Finding]:
+    """The settings of every primary (each node of a cluster has its own), each finding once."""
+    findings: list[Finding] = []
+    for node in primaries(client):
+        findings += [f for f in _node(node) if f not in findings]
+    return findings
+
+
+def _node(client: redis.Redis) -> list[Finding]:
     findings: list[Finding] = []
     try:
         config: dict[str, str] = client.config_get("maxmemory-policy")  # type: ignore[assignment]

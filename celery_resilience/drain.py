@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -23,7 +24,7 @@ from .headers import rejected_replays
 from .parked.entry import ParkedTask
 from .parked.store import NO_BREAKER, BackoutStore, dead_reason, held
 from .redact import get_logger
-from .replay import Refusal, preflight
+from .replay import Refusal, fail_task, preflight
 from .runtime import Runtime
 from .sending import Sender
 
@@ -77,8 +78,15 @@ class TokenBucket:
 class Drainer:
     """One drain run over the breakers asked for (all that have parked entries by default)."""
 
-    def __init__(self, runtime: Runtime, lease: float = DEFAULT_LEASE) -> None:
+    def __init__(
+        self,
+        runtime: Runtime,
+        lease: float = DEFAULT_LEASE,
+        progress: Callable[[int], None] | None = None,
+    ) -> None:
         self.runtime = runtime
+        #: Told after each batch how many entries it finished (replayed or dead): a CLI's bar.
+        self.progress = progress
         self.store: BackoutStore = runtime.backout_store
         self.config = runtime.config
         self.lease = lease
@@ -165,6 +173,8 @@ class Drainer:
             released += published
             stats["replayed"] += published
             stats["dead"] += dead
+            if self.progress is not None:
+                self.progress(published + dead)
             if outage:
                 break  # the broker is down: stop this breaker, the rest was given back
             if hasattr(lock, "reacquire"):
@@ -210,6 +220,7 @@ class Drainer:
         for entry, reason in dead:
             self.store.mark_dead(entry.id, reason)
             logger.error("Entry %s (%s) is dead: %s", entry.id, entry.task_name, reason)
+            fail_task(self.runtime, entry, reason)  # its workflow must not wait for it
         if sent.give_back:
             self.store.release(name, [e.id for e in sent.give_back], now + PUBLISH_RETRY_DELAY)
         report.replayed += len(sent.published)

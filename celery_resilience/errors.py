@@ -40,3 +40,8 @@ class BreakerOpen(ResilienceError):
 
 class StoreUnavailable(ResilienceError):
     """Redis (or the configured store) could not be reached within its timeout."""
+
+
+class ParkedTaskDead(ResilienceError):
+    """The result of a task whose back-out entry died (replays ran out, it expired, the broker
+    refuses it...): its ``link_error`` callbacks get it, and a chord it belongs to fails."""

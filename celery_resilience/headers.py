@@ -14,6 +14,9 @@ REPLAYS_HEADER = "resilience_replays"
 #: Header counting replays the breaker rejected before the body ran (a half-open breaker
 #: whose probe slot another call took): they must not use up ``resilience_max_replays``.
 REJECTED_HEADER = "resilience_rejected"
+#: kombu's mark of a message the broker delivered before (in its headers, on a Redis broker): it
+#: describes one delivery, and a message published again from it is a first delivery.
+REDELIVERED_HEADER = "redelivered"
 #: Execution options that are entry fields of their own, or meaningless in a new message.
 NOT_OPTIONS = frozenset(
     {"task_id", "retries", "reply_to", "origin", "delivery_tag", "redelivered", "is_eager"}
@@ -52,7 +55,12 @@ def redelivered(request: Any) -> bool:
     first delivery can't be a poison loop, so only these are counted."""
     if (getattr(request, "delivery_info", None) or {}).get("redelivered"):
         return True
-    return bool((getattr(request, "headers", None) or {}).get("redelivered"))
+    return bool((getattr(request, "headers", None) or {}).get(REDELIVERED_HEADER))
+
+
+def new_message_headers(headers: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The headers of a message published again from a delivery's (a retry, a kept copy)."""
+    return {k: v for k, v in (headers or {}).items() if k != REDELIVERED_HEADER}
 
 
 def entry_id(task_id: str, replays: int, retries: int) -> str:
@@ -62,7 +70,7 @@ def entry_id(task_id: str, replays: int, retries: int) -> str:
 
 def publish_options(options: Mapping[str, Any]) -> dict[str, Any]:
     """Execution options worth keeping to publish a message again (queue, priority, links...)."""
-    headers = dict(options.get("headers") or {})
+    headers = new_message_headers(options.get("headers"))
     headers.pop(REPLAYS_HEADER, None)
     kept = {**options, "headers": headers}
     return {k: v for k, v in kept.items() if k not in NOT_OPTIONS and v not in (None, {}, [])}

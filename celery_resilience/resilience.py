@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import threading
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import redis
 
 from . import runtime as runtimes
 from .breaker.breaker import Breaker
+from .breaker.store import BreakerStore
 from .config import ResilienceConfig
 from .drain import Drainer, DrainReport
 from .parked.entry import ParkedTask
@@ -33,7 +35,7 @@ class Resilience:
         self,
         app: Any,
         config: ResilienceConfig | None = None,
-        breaker_store: Any = None,
+        breaker_store: BreakerStore | None = None,
         backout: BackoutStore | None = None,
         *,
         runtime: Runtime | None = None,
@@ -109,9 +111,15 @@ class Resilience:
         """The back-out store: where tasks that can't run now are parked."""
         return Backout(self.runtime.backout_store, self.replay)
 
-    def drain(self, breaker: str | None = None, limit: int | None = None) -> DrainReport:
-        """Replay due entries of breakers that admit calls (all breakers unless one is named)."""
-        return Drainer(self.runtime).run(breaker, limit)
+    def drain(
+        self,
+        breaker: str | None = None,
+        limit: int | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> DrainReport:
+        """Replay due entries of breakers that admit calls (all breakers unless one is named);
+        ``progress(n)`` hears after each batch how many entries it finished."""
+        return Drainer(self.runtime, progress=progress).run(breaker, limit)
 
     def replay(self, entry_id: str) -> ParkedTask:
         """Publish one parked entry now, whatever its breaker says."""

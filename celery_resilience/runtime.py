@@ -29,7 +29,7 @@ from .config import ResilienceConfig, backout_store_factory
 from .errors import StoreUnavailable
 from .events import send_breaker_event
 from .parked.memory import MemoryBackoutStore
-from .parked.redis import RedisBackoutStore
+from .parked.redis import BackoutKeys, RedisBackoutStore
 from .parked.store import BackoutStore
 from .redact import get_logger
 from .redis_io import make_client, redis_time
@@ -128,10 +128,10 @@ class Runtime:
                 self._fixed_breaker_store, self._fixed_backout = self._breaker_store, self._backout
                 self._pid = os.getpid()
                 return
-            self._client = make_client(config.redis_url, config.redis_timeout)
+            where = config.redis_deployment  # one server, Sentinel's primary, or a Cluster
+            self._client = make_client(where, config.redis_timeout)
             self._breaker_store = self._fixed_breaker_store or RedisBreakerStore(
-                make_client(config.redis_url, config.redis_timeout, retry=False),
-                config.key_prefix,
+                make_client(where, config.redis_timeout, retry=False), config.key_prefix
             )
             self._backout = (
                 self._fixed_backout
@@ -143,6 +143,9 @@ class Runtime:
                     accept=self.app.conf.accept_content,
                     max_entries=config.backout_max_entries,
                     dead_ttl=config.dead_ttl,
+                    # WAIT must answer before the socket times out: half the timeout each.
+                    replicas=config.park_replicas,
+                    replicas_timeout=config.redis_timeout / 2,
                 )
             )
             self._pid = os.getpid()
@@ -259,7 +262,8 @@ class Runtime:
     def now(self) -> float:
         """Epoch seconds from Redis ``TIME`` (the fleet's one clock), or local time if down."""
         try:
-            now = redis_time(self.redis)
+            # On a cluster, the clock of the node holding parked tasks: their times are its.
+            now = redis_time(self.redis, BackoutKeys.for_prefix(self.config.key_prefix).tag)
         except (redis.RedisError, StoreUnavailable) as exc:
             if not self.config.in_memory:
                 self.clock_trouble.failed(exc, "Redis TIME unavailable: using this host's clock")

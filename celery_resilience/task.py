@@ -26,7 +26,7 @@ from .breaker.store import Delivery
 from .config import exception_types
 from .errors import BreakerOpen, ConfigurationError
 from .events import send_task_parked
-from .headers import redelivered, replays_of
+from .headers import REDELIVERED_HEADER, new_message_headers, redelivered, replays_of
 from .parked.entry import ParkedTask, Reason
 from .redact import get_logger
 from .runtime import Runtime
@@ -95,8 +95,10 @@ class ResilientTask(Task):  # type: ignore[misc]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         request = self.request
-        if request.called_directly:  # a plain function call, outside any worker: just run it
-            return super().__call__(*args, **kwargs)  # Celery's: pushes request and task stack
+        # A plain call, run as Celery runs it: outside a worker, or from inside a running body
+        # (``fib(n - 1)``: the outer delivery's request, marked below, is still on the stack).
+        if request.called_directly or request._protected:
+            return super().__call__(*args, **kwargs)
         try:
             admission = self._admit(request)
         except Exception as exc:  # our own machinery failed before the body ran
@@ -111,6 +113,10 @@ class ResilientTask(Task):  # type: ignore[misc]
             self._rejected(admission.rejected, request)
 
         permit = admission.permit
+        # Celery's mark that the delivery's own call was made: a worker's Task.__call__ skips
+        # pushing a request once per delivery until it is set. Never unset: every delivery has
+        # a new request, and the one pushed for a nested call copies it, mark included.
+        request._protected = 1
         try:
             result = self.run(*args, **kwargs)
         except (Retry, Ignore, Reject):  # the body's own retry(), Ignore or Reject: Celery's
@@ -259,7 +265,9 @@ class ResilientTask(Task):  # type: ignore[misc]
     def _send_again(self, request: Any, countdown: float, retries: int) -> None:
         """Publish this delivery again, same task id, in ``countdown`` seconds."""
         signature = self.signature_from_request(request, countdown=countdown, retries=retries)
-        signature.options.pop("redelivered", None)  # a new message is no redelivery
+        options = signature.options  # a new message is no redelivery
+        options.pop(REDELIVERED_HEADER, None)  # from delivery_info
+        options["headers"] = new_message_headers(options.get("headers"))
         signature.apply_async()
 
 

@@ -1,6 +1,6 @@
 """Sphinx configuration of the celery-resilience documentation.
 
-Build with warnings as errors::
+Build with warnings as errors (the pictures need Graphviz's ``dot`` on the PATH)::
 
     sphinx-build -W -b html docs docs/_build/html
 """
@@ -23,6 +23,7 @@ version = ".".join(release.split(".")[:2])
 
 extensions = [
     "sphinx.ext.autodoc",
+    "sphinx.ext.graphviz",
     "sphinx.ext.viewcode",
     "sphinx_click",
     "resilience_docs",
@@ -38,6 +39,19 @@ highlight_language = "default"
 
 html_theme = "furo"
 html_title = f"celery-resilience {release}"
+# An open breaker. Without an icon every browser asks the site for /favicon.ico, in vain.
+html_favicon = "_static/favicon.svg"
+
+# The pictures (``docs/_diagrams/*.dot``) are drawn by Graphviz's ``dot`` at build time, as SVG
+# files served with the pages: nothing is fetched when a reader opens one.
+graphviz_output_format = "svg"
+graphviz_dot_args = [
+    "-Gfontname=Helvetica",
+    "-Nfontname=Helvetica",
+    "-Efontname=Helvetica",
+    "-Nfontsize=11",
+    "-Efontsize=10",
+]
 
 autodoc_member_order = "bysource"
 autodoc_typehints = "signature"

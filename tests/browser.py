@@ -62,6 +62,8 @@ def chrome(profile: Path) -> Any:
     for flag in (*CHROME_FLAGS, f"--user-data-dir={profile}"):
         options.add_argument(flag)
     options.binary_location = CHROMIUM
+    # Keep the page's console for ``driver.get_log("browser")``: a test may read its errors.
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     return webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
 
 

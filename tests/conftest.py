@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
@@ -23,6 +24,14 @@ REDIS_URL = os.environ.get("RESILIENCE_TEST_REDIS_URL", "redis://127.0.0.1:6379/
 @pytest.fixture(scope="session")
 def redis_url() -> str:
     return REDIS_URL
+
+
+@pytest.fixture(scope="session")
+def built_docs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The HTML docs, built once per session with warnings as errors (``tests/docs_build.py``)."""
+    from tests.docs_build import build_docs
+
+    return build_docs(tmp_path_factory.mktemp("docs"))
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -35,9 +36,13 @@ def free_port() -> int:
 class RedisServer:
     """One ``redis-server`` process on 127.0.0.1, owned by the test that made it."""
 
-    def __init__(self, port: int | None = None, appendonly: bool = False) -> None:
+    def __init__(
+        self, port: int | None = None, appendonly: bool = False, args: Sequence[str] = ()
+    ) -> None:
         self.port = port if port is not None else free_port()
         self.appendonly = appendonly
+        #: More ``redis-server`` options (``--cluster-enabled yes``, ``--replicaof h p``).
+        self.args = list(args)
         self.dir = Path(tempfile.mkdtemp(prefix="resilience-redis-"))
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -65,6 +70,7 @@ class RedisServer:
             "--appendfsync", "always",
             "--daemonize", "no",
             "--logfile", "",
+            *self.args,
         ]  # fmt: skip
         with open(self.dir / "redis.log", "ab") as log:
             self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)

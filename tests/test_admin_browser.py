@@ -4,11 +4,13 @@ Everything is real and in a process of its own: the example project's admin unde
 ``manage.py runserver`` on a loopback port, ``celery -A shop worker`` (prefork, 2 children) on
 a queue of its own, the payment gateway, a temporary SQLite database and the test Redis (db 15,
 every key under a fresh prefix, deleted afterwards). With the ``payments`` breaker forced open,
-the shop charges three orders: the worker parks them. The breaker is reset; then headless
-Chromium (Selenium, the system's chromedriver) logs in through the admin's login form, opens
-"Parked tasks (configured store)", sees the three task ids, selects them and runs "Replay now".
-The worker charges the replayed orders: each is charged once (the shop's database and the
-gateway's ledger agree), each Celery result is SUCCESS, and the store is empty.
+the shop charges three orders: the worker parks them. Headless Chromium (Selenium, the system's
+chromedriver), in a 1280 x 800 viewport, logs in through the admin's login form, opens
+"Breakers", sees ``payments`` forced open and resets it through the confirmation page; then
+opens "Parked tasks (configured store)", sees the three task ids, selects them and runs
+"Replay now". The worker charges the replayed orders: each is charged once (the shop's database
+and the gateway's ledger agree), each Celery result is SUCCESS, and the store is empty. Both
+lists must fit the viewport: every column inside it, no cell wrapped onto a second line.
 
 Screenshots of the key steps are saved in the test's ``tmp_path`` (``NN-step.png``).
 """
@@ -16,6 +18,7 @@ Screenshots of the key steps are saved in the test's ``tmp_path`` (``NN-step.png
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import time
 import uuid
@@ -50,6 +53,33 @@ TASK = "orders.charge_order"
 AMOUNTS = ("12.50", "30.00", "7.25")
 USER, PASSWORD = "admin", "browser-test-password"
 STORE_TITLE = "Parked tasks (configured store)"
+BREAKERS_TITLE = "Breakers"
+#: A laptop's screen: the lists must fit it beside the admin's navigation.
+VIEWPORT = {"width": 1280, "height": 800, "deviceScaleFactor": 1, "mobile": False}
+
+# Run in the page: what keeps the result list from fitting the viewport (nothing when it fits):
+# a column past the right edge (cut, or only reachable by scrolling sideways), a cell wrapped
+# onto more than one line.
+LAYOUT_ISSUES = """
+const table = document.getElementById("result_list");
+const results = table.parentElement;
+const right = Math.min(results.getBoundingClientRect().right, window.innerWidth);
+const issues = [];
+if (results.scrollWidth > results.clientWidth + 1) {
+  issues.push(`the list scrolls sideways: ${results.scrollWidth} > ${results.clientWidth}px`);
+}
+for (const cell of table.querySelectorAll("thead th, tbody th, tbody td")) {
+  const name = cell.className || cell.textContent.trim();
+  const box = cell.getBoundingClientRect();
+  if (box.right > right + 0.5) issues.push(`${name} ends at ${box.right} > ${right}px`);
+  if (cell.parentElement.parentElement.tagName !== "TBODY") continue;
+  const style = getComputedStyle(cell);
+  const line = parseFloat(style.lineHeight) || 1.2 * parseFloat(style.fontSize);
+  const inner = cell.clientHeight - parseFloat(style.paddingTop) - parseFloat(style.paddingBottom);
+  if (inner > 1.5 * line) issues.push(`${name} takes ${(inner / line).toFixed(1)} lines`);
+}
+return issues;
+"""
 
 # Run by ``manage.py shell -c`` in the shop: the shop's own app forces its breaker open, makes
 # the orders and sends a charge for each to the test's queue; prints their ids as JSON.
@@ -100,6 +130,7 @@ def browser(tmp_path: Path) -> Iterator[Any]:
         pytest.fail("selenium is not installed: pip install -e '.[test]'")
     driver = chrome(tmp_path / "chromium-profile")
     driver.implicitly_wait(0)
+    driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", VIEWPORT)
     try:
         yield driver
     finally:
@@ -178,12 +209,54 @@ def log_in(browser: Any, shop: Shop, steps: Steps) -> None:
     steps.shot("login")
     browser.find_element(By.CSS_SELECTOR, "#login-form [type=submit]").click()
     WebDriverWait(browser, 15).until(lambda d: d.find_elements(By.LINK_TEXT, STORE_TITLE))
+    # The shop parks in Redis: the index offers that store's page only, and the breakers.
+    assert browser.find_elements(By.PARTIAL_LINK_TEXT, "database store") == []
+    assert browser.find_elements(By.LINK_TEXT, BREAKERS_TITLE)
 
 
-def column(browser: Any, name: str) -> list[str]:
-    """The texts of one column of the page's result list."""
+def column(browser: Any, name: str, attribute: str | None = None) -> list[str]:
+    """The texts (or an attribute of the first element inside) of one column of the list."""
     cells = browser.find_elements(By.CSS_SELECTOR, f"#result_list td.field-{name}")
-    return [cell.text for cell in cells]
+    if attribute is None:
+        return [cell.text for cell in cells]
+    return [cell.find_element(By.XPATH, "./*").get_attribute(attribute) for cell in cells]
+
+
+def assert_fits(browser: Any) -> None:
+    """Every column of the result list inside the viewport, every row on one line."""
+    assert browser.execute_script("return [innerWidth, innerHeight]") == [1280, 800]
+    assert browser.execute_script(LAYOUT_ISSUES) == []
+
+
+def reset_from_the_breakers_page(browser: Any, store: Resilience, steps: Steps) -> None:
+    """The gateway is back: the operator sees ``payments`` forced open and resets it."""
+    wait = WebDriverWait(browser, 15)
+    browser.find_element(By.LINK_TEXT, BREAKERS_TITLE).click()
+    wait.until(lambda d: d.find_elements(By.ID, "result_list"))
+    row = browser.find_element(By.CSS_SELECTOR, f'tr[data-breaker="{BREAKER}"]')
+    assert row.find_element(By.CSS_SELECTOR, "td.field-state").text == "forced_open"
+    assert row.find_element(By.CSS_SELECTOR, "td.field-opened_total").text == "0"
+    assert row.find_element(By.CSS_SELECTOR, "td.field-window").text == "0/0 failed"
+    assert_fits(browser)
+    steps.shot("breakers")
+
+    row.find_element(By.LINK_TEXT, "Reset").click()
+    wait.until(lambda d: d.find_elements(By.ID, "confirm-steer"))
+    assert browser.find_element(By.TAG_NAME, "h1").text == f"Reset breaker “{BREAKER}”?"
+    assert "forced_open" in browser.find_element(By.ID, "breaker-now").text
+    assert store.breaker(BREAKER).state == "forced_open"  # asking changed nothing
+    steps.shot("reset-confirm")
+    browser.find_element(By.ID, "confirm-steer").click()
+
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, ".messagelist li"))
+    notes = [n.text for n in browser.find_elements(By.CSS_SELECTOR, ".messagelist li")]
+    assert notes == [f"Breaker “{BREAKER}” reset: now closed (was forced_open)."]
+    row = browser.find_element(By.CSS_SELECTOR, f'tr[data-breaker="{BREAKER}"]')
+    assert row.find_element(By.CSS_SELECTOR, "td.field-state").text == "closed"
+    assert store.breaker(BREAKER).state == "closed"  # the shop's breaker, in Redis
+    steps.shot("breaker-reset")
+    browser.find_element(By.LINK_TEXT, "Home").click()
+    wait.until(lambda d: d.find_elements(By.LINK_TEXT, STORE_TITLE))
 
 
 def replay_all(browser: Any, steps: Steps, task_ids: list[str]) -> None:
@@ -192,12 +265,20 @@ def replay_all(browser: Any, steps: Steps, task_ids: list[str]) -> None:
     browser.find_element(By.LINK_TEXT, STORE_TITLE).click()
     wait.until(lambda d: d.find_elements(By.ID, "result_list"))
     assert STORE_TITLE in browser.find_element(By.TAG_NAME, "h1").text
-    assert sorted(column(browser, "task_id")) == sorted(task_ids)
+    # Ids cut to 8 characters, whole on hover; "N seconds ago", the exact time on hover.
+    assert sorted(column(browser, "task_id", "title")) == sorted(task_ids)
+    assert sorted(column(browser, "task_id")) == sorted(f"{t[:8]}…" for t in task_ids)
+    for text, exact in zip(
+        column(browser, "parked_at"), column(browser, "parked_at", "title"), strict=True
+    ):
+        assert re.fullmatch(r"\d+ seconds? ago|1 minute ago", text), text
+        assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \S+", exact), exact
     assert column(browser, "task_name") == [TASK] * 3
     assert column(browser, "breaker") == [BREAKER] * 3
     assert column(browser, "reason") == ["breaker_open"] * 3
     assert column(browser, "status") == ["parked"] * 3
     assert browser.find_element(By.ID, "total").text == "3 entries"
+    assert_fits(browser)
     steps.shot("parked-tasks")
 
     boxes = browser.find_elements(By.CSS_SELECTOR, "#result_list input.action-select")
@@ -257,14 +338,14 @@ def test_replay_parked_orders_from_the_admin_in_a_browser(
         steps.mark("gateway, worker, database and superuser ready")
         placed = park_charges(shop, store, gateway, queue)
         steps.mark("three charges parked")
-        # The gateway is up: an operator resets the breaker (beat is not running: no drain).
-        shop.celery("resilience", "reset", BREAKER)
-        assert store.breaker(BREAKER).state == "closed"
-        assert store.backout.count(BREAKER, "parked") == 3
         shop.wait_admin_ready(server)
-        steps.mark("breaker reset, admin answers")
+        steps.mark("admin answers")
 
         log_in(browser, shop, steps)
+        # The gateway is up: the operator resets the breaker (beat is not running: no drain).
+        reset_from_the_breakers_page(browser, store, steps)
+        assert store.backout.count(BREAKER, "parked") == 3
+        assert f"Breaker '{BREAKER}' reset from the admin by {USER}" in shop.log("runserver")
         replay_all(browser, steps, placed.task_ids)
         check_charged(shop, store, gateway, placed)
         steps.mark("orders charged, results SUCCESS, store empty")

@@ -11,9 +11,11 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -24,6 +26,7 @@ import pytest
 import redis
 
 from celery_resilience import ParkedTask, Resilience
+from celery_resilience.contrib.pytest import delete_prefix
 from celery_resilience.parked import Filter
 from tests import cliapp
 
@@ -500,3 +503,174 @@ def test_entry_whose_arguments_no_longer_fit_is_dead_not_a_poison(cli: Cli) -> N
     assert dead.status == "dead"
     # The dead reason says what Celery objected to.
     assert dead.dead_reason == "bad_arguments: charge() got an unexpected keyword argument 'coupon'"
+
+
+# -- on a terminal: progress and --watch ------------------------------------------------------
+
+
+def test_a_progress_bar_only_for_a_person_at_a_terminal() -> None:
+    from celery_resilience.cli.output import progress_wanted
+
+    assert progress_wanted(as_json=False, isatty=True)
+    assert not progress_wanted(as_json=True, isatty=True)  # JSON is for scripts
+    assert not progress_wanted(as_json=False, isatty=False)  # a pipe, a file, a log
+    assert not progress_wanted(as_json=True, isatty=False)
+
+
+@dataclass
+class Run:
+    returncode: int
+    stdout: str
+    stderr: str  # from a pseudo-terminal when the command had one
+
+
+def side_by_side(*runs: tuple[Cli, tuple[str, ...], bool]) -> list[Run]:
+    """Run ``(world, args, on_terminal)`` commands side by side. With ``on_terminal`` the
+    command's stderr is a pseudo-terminal of its own, as for a person at a terminal; stdout
+    stays a pipe either way (as when the results are redirected)."""
+    import threading
+
+    def read_all(fd: int, into: list[bytes]) -> None:
+        while True:
+            try:
+                data = os.read(fd, 65536)
+            except OSError:  # EIO: every process holding the terminal's other side is gone
+                return
+            if not data:
+                return
+            into.append(data)
+
+    started = []
+    for world, args, on_terminal in runs:
+        master, slave = os.openpty() if on_terminal else (-1, subprocess.PIPE)
+        command = [sys.executable, "-m", "celery", "-A", "tests.cliapp", "resilience", *args]
+        process = subprocess.Popen(
+            command,
+            cwd=ROOT,
+            env={**os.environ, **world.env},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=slave,
+            text=True,
+        )
+        chunks: list[bytes] = []
+        if on_terminal:
+            os.close(slave)
+            threading.Thread(target=read_all, args=(master, chunks), daemon=True).start()
+        started.append((process, master, chunks))
+    results = []
+    for process, master, chunks in started:
+        stdout, stderr = process.communicate(timeout=CLI_TIMEOUT)
+        if master >= 0:
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline and not chunks:  # the reader may trail
+                time.sleep(0.01)
+            os.close(master)
+            stderr = b"".join(chunks).decode(errors="replace")
+        results.append(Run(process.returncode, stdout, stderr))
+    return results
+
+
+@pytest.fixture
+def other_cli(redis_url: str, redis_client: redis.Redis) -> Iterator[Cli]:
+    """A second world with a prefix (so a drain lock) of its own: a replay and a drain, which
+    share their world's lock, can then run side by side."""
+    prefix = f"test-{uuid.uuid4().hex[:12]}"
+    env = {"CLIAPP_PREFIX": prefix, "CLIAPP_BROKER": redis_url, "CLIAPP_QUEUE": f"{prefix}-queue"}
+    world = Cli(env, redis_client)
+    yield world
+    world.res.close()
+    delete_prefix(redis_client, prefix)
+
+
+def test_drain_and_replay_show_progress_on_a_terminal_and_stay_quiet_otherwise(
+    cli: Cli, other_cli: Cli
+) -> None:
+    for n in range(150):  # two drain batches of 100 at most
+        cli.park(n, breaker="payments")
+    for n in range(120):
+        other_cli.park(n, task_name="cliapp.lookup", breaker="search")
+
+    drain, replay = side_by_side(
+        (cli, ("drain", "--breaker", "payments"), True),
+        (other_cli, ("replay", "--all", "--breaker", "search"), True),
+    )
+    assert drain.returncode == 0, drain
+    assert re.search(r"draining  \[#{24}-{12}\]  100/150", drain.stderr)  # after one batch
+    # Full, and its line ended at once: the drain's log line that follows starts a line.
+    full = r"\[#{36}\]  150/150(\x1b\[\?25h)?\r\n(\r\x1b\[K)?Drain: replayed=150"
+    assert re.search(full, drain.stderr), drain.stderr
+    assert drain.stdout.startswith("replayed 150, dead 0")  # the results keep stdout
+    assert replay.returncode == 0, replay
+    assert re.search(r"replaying  \[#{36}\]  120/120", replay.stderr)
+    # Each replay's log line goes over the bar's line (cleared first), never after the bar.
+    assert len(re.findall(r"\r\x1b\[KReplayed cliapp\.lookup\[", replay.stderr)) == 120
+    assert not re.search(r"/120Replayed", replay.stderr)
+    assert replay.stdout.splitlines()[-1] == "120 replayed, 0 failed"
+    assert cli.ids() == other_cli.ids() == []
+
+    for n in range(3):
+        cli.park(200 + n, breaker="payments")
+        other_cli.park(200 + n, task_name="cliapp.lookup", breaker="search")
+    as_json, piped = side_by_side(
+        (cli, ("drain", "--breaker", "payments", "--json"), True),
+        (other_cli, ("replay", "--all", "--breaker", "search"), False),
+    )
+    assert as_json.returncode == 0, as_json
+    assert "draining" not in as_json.stderr  # a terminal, but --json: no bar
+    assert json.loads(as_json.stdout)["replayed"] == 3
+    assert piped.returncode == 0, piped
+    assert "replaying" not in piped.stderr  # not a terminal: no bar,
+    assert piped.stderr.count("Replayed cliapp.lookup[") == 3  # the log lines as ever
+    assert "\r" not in piped.stderr
+    assert cli.ids() == other_cli.ids() == []
+    assert (len(cli.published()), len(other_cli.published())) == (153, 123)
+
+
+def test_status_watch_refreshes_until_ctrl_c(cli: Cli) -> None:
+    import signal
+    import threading
+
+    cli.park(1, breaker="payments")
+    command = [sys.executable, "-m", "celery", "-A", "tests.cliapp", "resilience", "status"]
+    process = subprocess.Popen(
+        [*command, "--watch", "--interval", "0.3"],
+        cwd=ROOT,
+        env={**os.environ, **cli.env},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lines: list[str] = []
+    assert process.stdout is not None
+    reader = threading.Thread(target=lambda: lines.extend(process.stdout or ()), daemon=True)
+    reader.start()
+
+    def tables() -> int:
+        return sum(1 for line in list(lines) if line.split()[:2] == ["breaker", "state"])
+
+    deadline = time.monotonic() + CLI_TIMEOUT
+    while tables() < 2 and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    try:
+        assert tables() >= 2, "".join(lines)
+        cli.res.breaker("payments").force_open()  # the next refresh shows it
+        seen = len(lines)
+        while not any("forced_open" in line for line in lines[seen:]):
+            assert time.monotonic() < deadline, "".join(lines)
+            time.sleep(0.05)
+    finally:
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=CLI_TIMEOUT)
+        reader.join(timeout=5)
+    assert process.returncode == 0, stderr
+    assert "Traceback" not in stderr
+    assert tables() >= 3
+    stamps = [line for line in lines if "(Ctrl-C to stop)" in line]
+    assert len(stamps) >= 3
+    assert "every 0.3s" in stamps[0]
+    rows = [line.split() for line in lines if line.startswith("payments ")]
+    assert rows[0][1] == "closed"
+    assert rows[-1][1] == "forced_open"
+    assert rows[0][-2:] == ["1", "0"]  # parked, dead

@@ -1,14 +1,19 @@
-"""The admin shows, replays and discards the parked tasks of the app's configured store.
+"""The admin shows, replays and discards the parked tasks of the app's configured store, and
+shows and steers its shared breakers.
 
 Django's test client, logged in as a superuser, against the ``default`` test database
 (``RESILIENCE_TEST_DB``). The Celery app uses Redis database 15 under a fresh key prefix and
-a queue of its own; "Replay now" is checked by reading the published message from that queue.
+a queue of its own; "Replay now" is checked by reading the published message from that queue,
+and a breaker's change by a second app on the same Redis and prefix.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import logging
+import re
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -24,6 +29,8 @@ TASK = "shop.charge"
 APP: Celery | None = None  # CELERY_RESILIENCE_APP = "tests.test_django_admin:APP"
 STORE_URL = "/admin/celery_resilience/storeentry/"
 RECORD_URL = "/admin/celery_resilience/parkedtaskrecord/"
+BREAKERS_URL = "/admin/celery_resilience/breaker/"
+BREAKERS = {"payments": {"failure_threshold": 3, "open_timeout": 30.0}, "search": {}}
 
 
 def charge(order: int, note: str | None = None) -> int:
@@ -68,12 +75,13 @@ def make_resilience(
 
     made: list[Resilience] = []
 
-    def make(store: str) -> Resilience:
+    def make(store: str, redis_at: str = redis_url) -> Resilience:
         app = Celery("admin-test", broker=redis_url, set_as_current=False)
         app.conf.task_default_queue = queue
-        app.conf.resilience_redis_url = redis_url
+        app.conf.resilience_redis_url = redis_at
         app.conf.resilience_key_prefix = key_prefix
         app.conf.resilience_backout_store = store
+        app.conf.resilience_breakers = BREAKERS
         app.task(name=TASK)(charge)
         monkeypatch.setattr(f"{__name__}.APP", app)
         made.append(Resilience.install(app, Resilience(app)))
@@ -138,11 +146,17 @@ def text(response: Any) -> str:
 # -- the configured store's page ------------------------------------------------------------
 
 
-def test_index_links_the_configured_store_page(resilience: Resilience, admin_client: Any) -> None:
+def test_the_index_links_only_the_store_in_use(resilience: Resilience, admin_client: Any) -> None:
     page = text(admin_client.get("/admin/"))
-    assert "Parked tasks (configured store)" in page
-    assert STORE_URL in page
+    in_database = resilience.app.conf.resilience_backout_store == "django"
+    assert ("Parked task records (database store)" in page) is in_database
+    assert (RECORD_URL in page) is in_database
+    assert ("Parked tasks (configured store)" in page) is not in_database
+    assert (STORE_URL in page) is not in_database
     assert f"{STORE_URL}add/" not in page  # read-only
+    assert f"{RECORD_URL}add/" not in page
+    assert BREAKERS_URL in page
+    assert f"{BREAKERS_URL}add/" not in page
 
 
 def test_list_shows_the_configured_stores_entries(
@@ -403,6 +417,210 @@ def test_record_page_says_when_the_app_uses_another_store(
     assert "not in this table" in page
     assert e.id not in page
     assert e.id in text(admin_client.get(STORE_URL))
+
+
+# -- how a list row reads ----------------------------------------------------------------------
+
+
+def test_list_rows_show_short_ids_and_relative_times_with_the_whole_on_hover(
+    resilience: Resilience, admin_client: Any
+) -> None:
+    """A row stays one line on a laptop: ids cut to 8 characters, "3 minutes ago"; the whole
+    id and the exact time are the cells' hover titles."""
+    from celery_resilience.contrib.django.display import when
+
+    e = park(resilience, 1, parked_at=time.time() - 190, task_id=str(uuid.uuid4()))
+    in_database = resilience.app.conf.resilience_backout_store == "django"
+    page = text(admin_client.get(RECORD_URL if in_database else STORE_URL))
+    assert f'title="{e.id}">{e.id[:8]}…<' in page
+    assert f'title="{e.task_id}">{e.task_id[:8]}…<' in page
+    assert f'title="{when(e.parked_at)}">3\xa0minutes ago</time>' in page
+    assert ">now<" in page  # due now: a drain replays it once its breaker admits calls
+    assert "breaker_open" in page or "breaker open" in page
+
+
+# -- the breakers' page ---------------------------------------------------------------------
+
+
+def row_of(page: str, breaker: str) -> dict[str, str]:
+    """The text of each cell of the breaker's row, by field name."""
+    found = re.search(rf'<tr data-breaker="{re.escape(breaker)}">(.*?)</tr>', page, re.S)
+    assert found, f"no row for breaker {breaker!r}"
+    cells = re.findall(r'<t[dh] class="field-([a-z_]+)[^"]*"[^>]*>(.*?)</t[dh]>', found[1], re.S)
+    return {name: re.sub(r"<[^>]+>", "", html).strip() for name, html in cells}
+
+
+@pytest.fixture
+def observer(redis_url: str, key_prefix: str) -> Iterator[Resilience]:
+    """Another app on the same Redis and prefix: it sees what every worker would see."""
+    app = Celery("admin-observer", broker=redis_url, set_as_current=False)
+    app.conf.resilience_redis_url = redis_url
+    app.conf.resilience_key_prefix = key_prefix
+    app.conf.resilience_breakers = BREAKERS
+    resilience = Resilience(app)
+    yield resilience
+    resilience.close()
+    app.close()
+
+
+def test_breakers_page_shows_state_counts_and_open_until(
+    make_resilience: Callable[..., Resilience], admin_client: Any
+) -> None:
+    from celery_resilience.contrib.django.display import when
+
+    res = make_resilience("redis")
+    payments = res.breaker("payments")
+    for _ in range(3):  # failure_threshold 3: a real trip, "open until" is set
+        payments.acquire().failure()
+    assert payments.state == "open"
+    open_until = payments.snapshot()["open_until"]
+    res.breaker("search").force_open()
+    park(res, 1, breaker="legacy")  # not configured: known by its parked task
+    legacy = res.breaker("legacy")
+    legacy.acquire().success()
+    legacy.acquire().failure()
+
+    page = text(admin_client.get(BREAKERS_URL))
+    assert "3 breakers" in page
+    pay = row_of(page, "payments")
+    assert (pay["name"], pay["state"], pay["opened_total"]) == ("payments", "open", "1")
+    assert (pay["consecutive_failures"], pay["window"]) == ("0", "0/0 failed")  # new on opening
+    assert re.fullmatch(r"in (29|30)\xa0seconds", pay["open_until"]), pay["open_until"]
+    assert f'title="{when(open_until)}">in ' in page  # the exact time on hover
+    assert row_of(page, "search")["state"] == "forced_open"
+    assert row_of(page, "search")["open_until"] == "—"
+    old = row_of(page, "legacy")
+    assert (old["state"], old["consecutive_failures"], old["window"]) == (
+        "closed",
+        "1",
+        "1/2 failed",
+    )
+    assert f'href="{STORE_URL}?breaker=legacy"' in page  # its parked tasks
+    for action in ("open", "close", "reset"):
+        assert f'href="{BREAKERS_URL}payments/{action}/"' in page
+
+
+def test_a_breaker_whose_name_has_a_slash_can_be_steered(
+    make_resilience: Callable[..., Resilience], admin_client: Any, observer: Resilience
+) -> None:
+    res = make_resilience("redis")
+    park(res, 1, breaker="eu/mail")
+    page = text(admin_client.get(BREAKERS_URL))
+    assert row_of(page, "eu/mail")["state"] == "closed"
+    assert f'href="{BREAKERS_URL}eu/mail/open/"' in page
+    admin_client.post(f"{BREAKERS_URL}eu/mail/open/")
+    assert observer.breaker("eu/mail").state == "forced_open"
+
+
+def test_force_open_closed_and_reset_ask_first_and_log_who(
+    make_resilience: Callable[..., Resilience],
+    admin_client: Any,
+    observer: Resilience,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    make_resilience("redis")
+    shared = observer.breaker("payments")
+    caplog.set_level(logging.INFO, logger="celery_resilience.admin")
+
+    confirm = text(admin_client.get(f"{BREAKERS_URL}payments/open/"))
+    assert "Force open breaker “payments”?" in confirm
+    assert 'id="confirm-steer"' in confirm
+    assert shared.state == "closed"  # asking changes nothing
+
+    steps = [("open", "forced open", "forced_open"), ("close", "forced closed", "forced_closed")]
+    steps.append(("reset", "reset", "closed"))
+    before = "closed"
+    for action, done, state in steps:
+        response = admin_client.post(f"{BREAKERS_URL}payments/{action}/", follow=True)
+        assert response.redirect_chain[-1][0] == BREAKERS_URL
+        page = text(response)
+        assert f"Breaker “payments” {done}: now {state} (was {before})." in page
+        assert row_of(page, "payments")["state"] == state
+        assert shared.state == state  # in Redis, for every worker
+        before = state
+    logged = [r.getMessage() for r in caplog.records if r.name == "celery_resilience.admin"]
+    assert logged == [
+        "Breaker 'payments' forced open from the admin by boss (was closed, now forced_open)",
+        "Breaker 'payments' forced closed from the admin by boss"
+        " (was forced_open, now forced_closed)",
+        "Breaker 'payments' reset from the admin by boss (was forced_closed, now closed)",
+    ]
+
+
+def test_reset_closes_a_tripped_breaker(
+    make_resilience: Callable[..., Resilience], admin_client: Any, observer: Resilience
+) -> None:
+    res = make_resilience("redis")
+    for _ in range(3):
+        res.breaker("payments").acquire().failure()
+    assert observer.breaker("payments").state == "open"
+    admin_client.post(f"{BREAKERS_URL}payments/reset/")
+    snap = observer.breaker("payments").snapshot()
+    assert (snap["state"], snap["consecutive_failures"], snap["opened_total"]) == ("closed", 0, 1)
+
+
+def test_unknown_breaker_or_action_changes_nothing(
+    make_resilience: Callable[..., Resilience], admin_client: Any
+) -> None:
+    res = make_resilience("redis")
+    page = text(admin_client.post(f"{BREAKERS_URL}nope/open/", follow=True))
+    assert "Unknown breaker &#x27;nope&#x27;." in page
+    assert "nope" not in res.breaker_names()  # a typo made no breaker
+    page = text(admin_client.post(f"{BREAKERS_URL}payments/explode/", follow=True))
+    assert "Unknown action &#x27;explode&#x27;." in page
+    assert res.breaker("payments").state == "closed"
+
+
+def test_breakers_need_view_to_look_and_change_to_steer(
+    make_resilience: Callable[..., Resilience], django_db: None, observer: Resilience
+) -> None:
+    from django.contrib.auth.models import Permission, User
+    from django.test import Client
+
+    make_resilience("redis")
+
+    def client_of(name: str, *codenames: str, staff: bool = True) -> Client:
+        user = User.objects.create_user(name, password="pw", is_staff=staff)
+        for codename in codenames:
+            user.user_permissions.add(Permission.objects.get(codename=codename))
+        client = Client()
+        client.force_login(user)
+        return client
+
+    viewer = client_of("viewer", "view_breaker")
+    page = text(viewer.get(BREAKERS_URL))
+    assert row_of(page, "payments")["state"] == "closed"
+    assert 'class="lever"' not in page
+    assert viewer.get(f"{BREAKERS_URL}payments/open/").status_code == 403
+    assert viewer.post(f"{BREAKERS_URL}payments/open/").status_code == 403
+    assert observer.breaker("payments").state == "closed"
+
+    nobody = client_of("nobody", staff=False)
+    assert nobody.get(BREAKERS_URL).status_code == 302  # to the login page
+    assert nobody.post(f"{BREAKERS_URL}payments/open/").status_code == 302
+    assert observer.breaker("payments").state == "closed"
+
+    operator = client_of("operator", "change_breaker")
+    assert 'class="lever"' in text(operator.get(BREAKERS_URL))
+    response = operator.post(f"{BREAKERS_URL}payments/open/")
+    assert response.status_code == 302
+    assert observer.breaker("payments").state == "forced_open"
+
+
+def test_an_unreachable_redis_is_reported_on_the_breakers_page(
+    make_resilience: Callable[..., Resilience], admin_client: Any
+) -> None:
+    from tests.redis_server import free_port
+
+    make_resilience("redis", redis_at=f"redis://:s3cret@127.0.0.1:{free_port()}/0")
+    started = time.monotonic()
+    page = text(admin_client.get(BREAKERS_URL))
+    assert time.monotonic() - started < 5
+    assert 'id="breakers-error"' in page
+    assert "s3cret" not in page
+    response = admin_client.post(f"{BREAKERS_URL}payments/open/", follow=True)
+    assert "s3cret" not in text(response)
+    assert 'class="error"' in text(response)
 
 
 # -- which Celery app ------------------------------------------------------------------------

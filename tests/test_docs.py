@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import fnmatch
 import inspect
 import json
 import re
-import subprocess
 import sys
 import textwrap
 import types
@@ -401,8 +401,60 @@ def test_the_key_layout_on_the_design_page_is_the_codes() -> None:
     assert missing == []
 
 
+#: A test a page cites as evidence: ``tests/test_x.py::test_y``, or ``test_y`` (a glob allowed).
+CITED_TEST = re.compile(r"``(?:(?P<file>tests/[\w/]+\.py)::)?(?P<name>test_[\w*]+)``")
+
+
+def defined_tests(path: Path) -> set[str]:
+    """The names of the test functions in ``path`` (in classes too)."""
+    tree = ast.parse(path.read_text(), str(path))
+    functions = (ast.FunctionDef, ast.AsyncFunctionDef)
+    return {
+        n.name for n in ast.walk(tree) if isinstance(n, functions) and n.name.startswith("test_")
+    }
+
+
+def test_every_test_a_page_cites_exists() -> None:
+    suite = {path: defined_tests(path) for path in sorted((ROOT / "tests").glob("test_*.py"))}
+    everywhere = set().union(*suite.values())
+    cited = [(page.name, m) for page in PAGES for m in CITED_TEST.finditer(page.read_text())]
+    missing = []
+    for page, match in cited:
+        file, name = match["file"], match["name"]
+        names = suite.get(ROOT / file, set()) if file else everywhere
+        if not any(fnmatch.fnmatchcase(found, name) for found in names):
+            missing.append(f"{page}: {match[0]}")
+    assert missing == []
+    assert len(cited) >= 40  # the guarantees matrix and the pages' "shown by" notes
+
+
+def drawn_as(patterns: tuple[str, ...]) -> set[str]:
+    """How the layers picture names a layer's modules: ``config/`` for a package and its
+    modules, ``breaker/types`` for one module of a package, ``__init__`` for the root."""
+    names = set()
+    for pattern in patterns:
+        if pattern.endswith(".*"):
+            names.add(pattern.removesuffix(".*").replace(".", "/") + "/")
+        elif f"{pattern}.*" not in patterns:
+            names.add(pattern.replace(".", "/") or "__init__")
+    return names
+
+
+def test_the_layers_picture_holds_the_layers_test_layers_enforces() -> None:
+    from tests.test_layers import LAYERS
+
+    dot = (DOCS / "_diagrams" / "layers.dot").read_text()
+    # Each layer's box: its node id, its title line, then its modules.
+    boxes = dict(re.findall(r'^\s*(\w+)\s+\[label="[^"\\]*\\n([^"]*)"', dot, re.MULTILINE))
+    assert set(boxes) >= {layer.replace(" ", "_") for layer, _ in LAYERS}
+    for layer, patterns in LAYERS:
+        shown = set(boxes[layer.replace(" ", "_")].replace("\\n", " ").split())
+        assert shown == drawn_as(patterns), layer
+
+
 def test_the_pages_name_no_machine_paths() -> None:
-    for path in [*PAGES, DOCS / "conf.py", DOCS / "grafana-dashboard.json"]:
+    pictures = sorted((DOCS / "_diagrams").glob("*.dot"))
+    for path in [*PAGES, *pictures, DOCS / "conf.py", DOCS / "grafana-dashboard.json"]:
         text = path.read_text()
         for pattern in ("/work/", "/tmp/", "/root/", "/home/", "/Users/", "C:\\"):
             assert pattern not in text, f"{path.name} names {pattern}"
@@ -411,19 +463,7 @@ def test_the_pages_name_no_machine_paths() -> None:
 # -- the build --------------------------------------------------------------------------------
 
 
-def test_the_docs_build_with_warnings_as_errors(tmp_path: Path) -> None:
-    for module in ("sphinx", "furo", "sphinx_click"):
-        pytest.importorskip(module, reason="install the docs extra: pip install -e '.[docs]'")
-    out = tmp_path / "html"
-    doctrees = tmp_path / "doctrees"
-    command = ["-W", "--keep-going", "-q", "-b", "html", "-d", str(doctrees), str(DOCS), str(out)]
-    build = subprocess.run(
-        [sys.executable, "-m", "sphinx", *command],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert build.returncode == 0, build.stderr
-    assert (out / "index.html").exists()
-    assert list(out.glob("_downloads/*/grafana-dashboard.json"))
+def test_the_docs_build_with_warnings_as_errors(built_docs: Path) -> None:
+    # ``built_docs`` fails on any warning; what it made is checked here.
+    assert (built_docs / "index.html").exists()
+    assert list(built_docs.glob("_downloads/*/grafana-dashboard.json"))

@@ -13,14 +13,29 @@ from ..checks import run_checks
 from ..parked.store import NO_BREAKER, Filter
 from ..task import resilient_tasks
 from .group import resilience
-from .output import emit, json_option, known_breaker, resilience_of, table, when
+from .output import emit, json_option, known_breaker, resilience_of, table, watch, when
 
 
 @resilience.command(cls=CeleryCommand)
 @json_option
+@click.option("--watch", "watching", is_flag=True, help="Refresh until Ctrl-C.")
+@click.option(
+    "--interval",
+    default=2.0,
+    show_default=True,
+    type=click.FloatRange(min=0.1),
+    help="Seconds between refreshes with --watch.",
+)
 @click.pass_context
-def status(ctx: click.Context, as_json: bool) -> None:
+def status(ctx: click.Context, as_json: bool, watching: bool, interval: float) -> None:
     """Every breaker: state, counts, open until; parked and dead tasks per breaker."""
+    if watching:
+        watch(lambda: _status(ctx, as_json), interval, as_json)
+    else:
+        _status(ctx, as_json)
+
+
+def _status(ctx: click.Context, as_json: bool) -> None:
     res = resilience_of(ctx)
     store = res.backout_store
     names = sorted(set(res.breaker_names()) | (store.breakers() - {NO_BREAKER}))

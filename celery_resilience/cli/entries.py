@@ -10,6 +10,7 @@ from celery.bin.base import CeleryCommand
 
 from ..errors import ResilienceError
 from ..parked.entry import ParkedTask
+from ..parked.store import NO_BREAKER
 from ..redact import redact
 from ..resilience import Resilience
 from .group import resilience
@@ -20,6 +21,7 @@ from .output import (
     fail,
     filters,
     json_option,
+    progress,
     resilience_of,
     table,
     when,
@@ -125,14 +127,16 @@ def replay(
         breaker_filter(res, breaker)
         ids = [e.id for e in _all(res, breaker, status, reason)]
     replayed, failed = [], []
-    for entry_id in ids:
-        try:
-            entry = res.backout.replay(entry_id)
-            replayed.append({"id": entry_id, "task_id": entry.task_id, "task": entry.task_name})
-        except KeyError:
-            failed.append({"id": entry_id, "error": "no parked task with this id"})
-        except (ValueError, TimeoutError, ResilienceError) as exc:
-            failed.append({"id": entry_id, "error": str(exc)})
+    with progress(as_json, "replaying", lambda: len(ids)) as advance:
+        for entry_id in ids:
+            try:
+                entry = res.backout.replay(entry_id)
+                replayed.append({"id": entry_id, "task_id": entry.task_id, "task": entry.task_name})
+            except KeyError:
+                failed.append({"id": entry_id, "error": "no parked task with this id"})
+            except (ValueError, TimeoutError, ResilienceError) as exc:
+                failed.append({"id": entry_id, "error": str(exc)})
+            advance(1)
     emit(
         as_json,
         {"replayed": replayed, "failed": failed},
@@ -159,6 +163,18 @@ def _all(
             return entries
 
 
+def _due(res: Resilience, breaker: str | None, limit: int | None) -> int:
+    """Entries due now that a drain may replay: the length of its progress bar (it ends short
+    when a breaker holds some back)."""
+    store = res.backout_store
+    if breaker is None:
+        names = sorted(store.breakers())
+    else:
+        names = [NO_BREAKER if breaker in ("", "-", "none") else breaker]
+    due = sum(store.due(name) for name in names)
+    return due if limit is None else min(due, limit)
+
+
 @resilience.command(cls=CeleryCommand)
 @click.option("--breaker", help="Drain only this breaker ('-' for tasks without one).")
 @click.option("--limit", type=int, help="Replay at most this many.")
@@ -168,7 +184,8 @@ def drain(ctx: click.Context, breaker: str | None, limit: int | None, as_json: b
     """Replay due parked tasks of breakers that admit calls, at the configured rate."""
     res = resilience_of(ctx)
     breaker_filter(res, breaker)
-    report = res.drain(breaker=breaker, limit=limit)
+    with progress(as_json, "draining", lambda: _due(res, breaker, limit)) as advance:
+        report = res.drain(breaker=breaker, limit=limit, progress=advance)
     data = report.as_dict()
 
     def human() -> str:

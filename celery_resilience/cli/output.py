@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import json
+import logging
 import sys
-from collections.abc import Callable, Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from typing import Any, TypeVar
 
 import click
+import redis
+from kombu.exceptions import OperationalError
 
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, ResilienceError
 from ..parked.entry import REASONS, STATUSES, ParkedTask
 from ..parked.store import NO_BREAKER
 from ..redact import redact
@@ -74,3 +79,93 @@ def breaker_filter(res: Resilience, breaker: str | None) -> None:
     """A ``--breaker`` no one knows is a typo: say so instead of showing an empty store."""
     if breaker is not None and breaker not in ("", NO_BREAKER, "none"):
         known_breaker(res, breaker)
+
+
+def progress_wanted(as_json: bool, isatty: bool) -> bool:
+    """A progress bar is for a person at a terminal: never beside ``--json``, nor into a pipe,
+    a file or a log (where it would be noise between the results)."""
+    return isatty and not as_json
+
+
+def _ignore(steps: int) -> None:
+    """``advance`` when no bar is drawn."""
+
+
+class _AboveBar(logging.Handler):
+    """The package's log lines (each replay logs one) over the bar's line instead of after it:
+    the line is cleared, the record written, and the bar drawn again below at its next step."""
+
+    def __init__(self, stream: Any) -> None:
+        super().__init__(logging.WARNING)  # what Python prints when logging is not set up
+        self.stream = stream
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.stream.write(f"\r\x1b[K{self.format(record)}\n")
+            self.stream.flush()
+        except Exception:
+            self.handleError(record)
+
+
+@contextmanager
+def progress(
+    as_json: bool, label: str, length: Callable[[], int]
+) -> Iterator[Callable[[int], None]]:
+    """``advance(n)`` of a bar on stderr (the results keep stdout), or of nothing.
+
+    ``length`` is called only when a bar is drawn: counting may cost a round trip.
+    """
+    stream = click.get_text_stream("stderr")
+    try:
+        total = length() if progress_wanted(as_json, stream.isatty()) else 0
+    except (ResilienceError, redis.RedisError):  # no bar: the command reports the outage
+        total = 0
+    if total <= 0:
+        yield _ignore
+        return
+    bar = click.progressbar(length=total, label=label, file=stream, show_pos=True)
+    ended = False
+
+    def advance(steps: int) -> None:
+        nonlocal ended
+        if not ended:
+            bar.update(steps)
+            if bar.finished:  # end the line now: a log line written next must not join it
+                bar.render_finish()
+                ended = True
+
+    package = logging.getLogger("celery_resilience")
+    # Only in place of Python's last-resort output: handlers the app set up are left alone.
+    above = None if package.hasHandlers() else _AboveBar(stream)
+    if above is not None:
+        package.addHandler(above)
+    bar.render_progress()
+    try:
+        yield advance
+    finally:
+        if above is not None:
+            package.removeHandler(above)
+        if not ended:
+            bar.render_finish()
+
+
+def watch(show: Callable[[], None], interval: float, as_json: bool) -> None:
+    """``show()`` every ``interval`` seconds until Ctrl-C, which ends it with exit code 0.
+
+    On a terminal the screen is cleared first; elsewhere each refresh follows the last (a
+    time line before each table; JSON documents one after another). An unreachable Redis is
+    reported and tried again at the next refresh: a watch is for outages too.
+    """
+    try:
+        while True:
+            if not as_json:
+                if click.get_text_stream("stdout").isatty():
+                    click.clear()
+                click.echo(f"{when(time.time())} UTC, every {interval:g}s (Ctrl-C to stop)")
+            try:
+                show()
+            except (ResilienceError, redis.RedisError, OperationalError) as exc:
+                click.echo(redact(f"Error: {type(exc).__name__}: {exc}"), err=True)
+            time.sleep(interval)
+    except KeyboardInterrupt:
+        pass

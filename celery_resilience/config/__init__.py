@@ -6,7 +6,8 @@ Every invalid value raises :class:`ConfigurationError` naming the setting and th
 
 This module holds :data:`SETTINGS` and :class:`ResilienceConfig`; ``breakers.py`` one breaker's
 settings, ``broker.py`` what the broker's settings decide, ``backout.py`` the back-out store's,
-``values.py`` the small validators (and :func:`exception_types`, shared with task options).
+``values.py`` the small validators (and :func:`exception_types`, shared with task options),
+``deployment.py`` the Redis deployment (one server, Sentinel or Cluster) the URL names.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from .broker import (
     _redis_url,
     broker_countdown_limit,
 )
+from .deployment import RedisDeployment, broker_options, deployment, kind_of, park_replicas
 from .values import _bad, _choice, _integer, _optional, _positive, _string, exception_types
 
 __all__ = [
@@ -37,6 +39,7 @@ __all__ = [
     "REDIS_SCHEMES",
     "SETTINGS",
     "BreakerConfig",
+    "RedisDeployment",
     "RedisErrorPolicy",
     "ResilienceConfig",
     "backout_store_factory",
@@ -52,6 +55,8 @@ _PARK_ON_DELAY_CAP = 86400.0
 #: ``CELERY_RESILIENCE_<NAME>``). The configuration reference documents exactly these.
 SETTINGS = (
     "redis_url",
+    "redis_options",
+    "park_replicas",
     "key_prefix",
     "redis_timeout",
     "on_redis_error",
@@ -77,6 +82,10 @@ class ResilienceConfig:
     """Every ``resilience_*`` setting of one app, validated."""
 
     redis_url: str
+    #: Passed to the Redis client (``master_name`` for Sentinel, TLS and socket options).
+    redis_options: Mapping[str, Any] = field(default_factory=dict)
+    #: Replicas that must hold a parked entry (``WAIT``) before its message is acked.
+    park_replicas: int = 0
     key_prefix: str = "resilience"
     redis_timeout: float = 0.5
     on_redis_error: RedisErrorPolicy = "fail_open"
@@ -104,6 +113,11 @@ class ResilienceConfig:
     @property
     def in_memory(self) -> bool:
         return self.redis_url == MEMORY_URL
+
+    @property
+    def redis_deployment(self) -> RedisDeployment:
+        """The Redis deployment of the URL and options: one server, Sentinel or Cluster."""
+        return deployment(self.redis_url, self.redis_options)
 
     @property
     def delivery_ttl(self) -> int:
@@ -147,8 +161,16 @@ class ResilienceConfig:
                 raise _bad("resilience_breakers", name, "a breaker name (not '-', no braces)")
             breakers[name] = _breaker_config(setting, options, defaults)
 
+        redis_url = _redis_url(get("redis_url"), conf.get("broker_url"))
+        redis_options = get("redis_options")
+        if redis_options is None and get("redis_url") is None and kind_of(redis_url) == "sentinel":
+            redis_options = broker_options(conf)  # the broker's Sentinel: its master_name too
+        if redis_url != MEMORY_URL:  # a malformed URL or option fails now, at start
+            redis_options = dict(deployment(redis_url, redis_options).options)
         return cls(
-            redis_url=_redis_url(get("redis_url"), conf.get("broker_url")),
+            redis_url=redis_url,
+            redis_options=redis_options or {},
+            park_replicas=park_replicas(get("park_replicas", 0)),
             key_prefix=_string("resilience_key_prefix", get("key_prefix", "resilience")),
             redis_timeout=_positive("resilience_redis_timeout", get("redis_timeout", 0.5)),
             on_redis_error=_choice(

@@ -7,6 +7,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from ..errors import ConfigurationError
+from .deployment import SENTINEL_SCHEME, kind_of
 from .values import _bad, _positive
 
 REDIS_SCHEMES = ("redis", "rediss", "unix")
@@ -29,6 +30,8 @@ def _redis_url(value: Any, broker_url: Any) -> str:
         broker = broker_url.split(";")[0] if isinstance(broker_url, str) else None
         if broker and urlparse(broker).scheme in REDIS_SCHEMES:
             return broker
+        if broker and urlparse(broker).scheme == SENTINEL_SCHEME:
+            return str(broker_url)  # kombu's list: every sentinel of it
         if broker and urlparse(broker).scheme == "memory":
             return MEMORY_URL  # an in-memory broker (tests): keep everything in the process too
         raise ConfigurationError(
@@ -37,13 +40,19 @@ def _redis_url(value: Any, broker_url: Any) -> str:
         )
     if not isinstance(value, str):
         raise _bad("resilience_redis_url", value, "a redis:// URL")
+    if kind_of(value) in ("sentinel", "cluster"):
+        return value  # parsed by config.deployment, with resilience_redis_options
     parsed = urlparse(value)
     try:
         parsed.port  # noqa: B018 - raises ValueError on a malformed port
     except ValueError as exc:
         raise _bad("resilience_redis_url", value, "a redis:// URL") from exc
     if parsed.scheme not in REDIS_SCHEMES or not (parsed.hostname or parsed.path):
-        raise _bad("resilience_redis_url", value, "a redis://, rediss:// or unix:// URL")
+        raise _bad(
+            "resilience_redis_url",
+            value,
+            "a redis://, rediss://, unix://, sentinel:// or redis+cluster:// URL",
+        )
     return value
 
 

@@ -14,7 +14,7 @@ from typing import cast
 import redis
 
 from ..errors import ConfigurationError
-from ..redis_io import load_script, unavailable
+from ..redis_io import NotReplicated, call_replicated, load_script, unavailable
 from .entry import ParkedTask, encode, store_accept
 from .redis_claims import RedisClaims
 from .redis_keys import BackoutKeys
@@ -49,6 +49,8 @@ class RedisBackoutStore(RedisClaims):
         accept: Collection[str] | None = None,
         max_entries: int = 1_000_000,
         dead_ttl: float | None = None,
+        replicas: int = 0,
+        replicas_timeout: float = 0.25,
     ) -> None:
         if not prefix or "{" in prefix or "}" in prefix:
             raise ConfigurationError(
@@ -60,6 +62,8 @@ class RedisBackoutStore(RedisClaims):
         self.accept = store_accept(serializer, accept)
         self.max_entries = max_entries
         self.dead_ttl = dead_ttl
+        #: Replicas that must hold an entry (``WAIT``) before ``park`` returns; 0: none.
+        self.replicas, self.replicas_timeout = replicas, replicas_timeout
         self._park = load_script(client, __package__, "park")
         self._delete = load_script(client, __package__, "delete")
         self._mark_dead = load_script(client, __package__, "mark_dead")
@@ -73,9 +77,14 @@ class RedisBackoutStore(RedisClaims):
         data = encode(entry, self.serializer)
         meta = Meta.of(entry)
         with unavailable("back-out store"):
-            stored = self._put(
-                entry.id, data, meta, entry.parked_at, entry.due_at, self.max_entries
-            )
+            try:
+                stored = self._put(
+                    entry.id, data, meta, entry.parked_at, entry.due_at, self.max_entries
+                )
+            except NotReplicated as exc:  # its message stays in the broker: no second entry
+                if exc.reply == 1:  # stored by this call, so taken back
+                    self._delete_ids([entry.id], meta.breaker)
+                raise
         if stored == -1:
             raise StoreFull(self.max_entries, entry.id)
 
@@ -86,8 +95,11 @@ class RedisBackoutStore(RedisClaims):
         keys = [k.entries, k.index, k.meta, k.counts, k.ready(meta.breaker), k.dead, k.stats]
         due = "+inf" if held(meta.reason) else repr(due_at)  # in its ready set, never due
         argv = [entry_id, data, meta.encode(), meta.counter, repr(parked_at), due, limit]
-        stat = f"parked|{meta.breaker}|{meta.reason}"
-        return int(self._park(keys, [*argv, meta.status, stat]))
+        argv += [meta.status, f"parked|{meta.breaker}|{meta.reason}"]
+        if self.replicas:
+            wait = self.replicas, self.replicas_timeout
+            return int(call_replicated(self.client, self._park, keys, argv, *wait))
+        return int(self._park(keys, argv))
 
     def stats(self) -> dict[str, float]:
         """Monotonic counters: ``parked|<b>|<reason>``, and what drains added (``bump``)."""

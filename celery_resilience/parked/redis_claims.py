@@ -66,12 +66,12 @@ class RedisClaims:
     def in_flight(self) -> int:
         """Entries claimed by a drainer and not yet acked or given back."""
         with unavailable("back-out store"):
-            now = redis_time(self.client)
+            now = redis_time(self.client, self.keys.tag)
             return int(self.client.zcount(self.keys.inflight, f"({now!r}", "+inf"))
 
     def due(self, breaker: str, now: float | None = None) -> int:
         """Entries of ``breaker`` due now (leased ones are due again when the lease ends)."""
         with unavailable("back-out store"):
             if now is None:
-                now = redis_time(self.client)
+                now = redis_time(self.client, self.keys.tag)
             return int(self.client.zcount(self.keys.ready(breaker), "-inf", now))

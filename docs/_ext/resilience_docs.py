@@ -3,10 +3,14 @@
 ``.. lua-header:: breaker/acquire.lua`` shows the comment block that opens one of the package's
 Lua scripts (its KEYS, ARGV and return value), read from the installed package at build time, so
 the page always shows the header the code carries.
+
+:func:`home_module` points viewcode's "[docs]" links of a module's source page at the anchors
+the API page really has.
 """
 
 from __future__ import annotations
 
+import importlib
 from importlib import resources
 from typing import Any
 
@@ -46,6 +50,25 @@ class LuaHeader(SphinxDirective):
         return [block]
 
 
+def home_module(app: Sphinx, modname: str, attribute: str) -> str | None:
+    """The module that defines the object ``attribute`` belongs to (``ResilientTask`` for
+    ``ResilientTask.backoff``).
+
+    viewcode's own lookup follows the attribute to its value: ``ResilientTask.backoff`` is an
+    ``Exponential`` instance, so it names ``celery_resilience.backoff``, files that module under
+    the name ``celery_resilience`` on the first visit, and every "[docs]" link on the module's
+    source page then points at an anchor (``api.html#celery_resilience.Exponential``) that does
+    not exist. The top-level object's own module is where the attribute's code is.
+    """
+    try:
+        top = getattr(importlib.import_module(modname), attribute.split(".", maxsplit=1)[0])
+    except (ImportError, AttributeError):
+        return None  # viewcode's own lookup decides
+    home = getattr(top, "__module__", None)
+    return home if isinstance(home, str) else None
+
+
 def setup(app: Sphinx) -> dict[str, Any]:
     app.add_directive("lua-header", LuaHeader)
+    app.connect("viewcode-follow-imported", home_module)
     return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}

@@ -3,7 +3,8 @@
 Breakers and the back-out store come from the package's pytest plugin
 (``celery_resilience.contrib.pytest``, loaded through its ``pytest11`` entry point): the
 ``resilience_factory`` fixture gives the shop's app an in-memory ``Resilience`` per test, so
-neither Redis nor a worker is needed. The payment gateway is the real one, in a thread.
+the eager tests need neither Redis nor a worker; ``test_live.py`` asks it for one on Redis and
+runs the shop's own worker and beat. The payment gateway is the real one, in a thread.
 Without the ``demo`` extra (Django, django-celery-results) these tests are not collected.
 """
 

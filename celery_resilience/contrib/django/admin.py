@@ -1,41 +1,51 @@
-"""Admin for parked tasks, whichever store the Celery app uses.
+"""Admin for parked tasks, whichever store the Celery app uses, and for its breakers.
 
 - "Parked tasks (configured store)": the app's store as ``Resilience.for_app(app).backout``
   sees it (Redis, the database, or another); see ``admin_store.py``.
 - "Parked task records (database store)": the table of ``resilience_backout_store = "django"``,
   with the database's own filters and search.
+- "Breakers": state and counts of the app's shared breakers; force open, force closed, reset
+  (``admin_breakers.py``).
 
-Both are read-only: entries leave only through "Replay now" (published at once with their task
-id, whatever the breaker says) or "Discard", which need the model's delete permission.
+The index lists one of the two parked-task pages: the records page while the app parks in the
+database, the configured store's page otherwise. Both are read-only: entries leave only through
+"Replay now" (published at once with their task id, whatever the breaker says) or "Discard",
+which need the model's delete permission.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from django.contrib import admin, messages
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
+from django.utils.html import format_html
 
 from . import actions
+from .admin_breakers import BreakerAdmin
 from .admin_store import StoreEntryAdmin
-from .conf import resilience
-from .display import ACTION_FIELD, ACTIONS, SELECTED_FIELD, details, when
-from .models import ParkedTaskRecord, StoreEntry
+from .conf import database_store_in_use, resilience
+from .display import ACTION_FIELD, ACTIONS, SELECTED_FIELD, details, iso, relative, short, when
+from .display import due as due_text
+from .models import Breaker, ParkedTaskRecord, StoreEntry
 from .store import DjangoBackoutStore
 
 admin.site.register(StoreEntry, StoreEntryAdmin)
+admin.site.register(Breaker, BreakerAdmin)
 
 
 @admin.register(ParkedTaskRecord)
 class ParkedTaskRecordAdmin(admin.ModelAdmin):  # type: ignore[misc]  # Django is untyped here
-    list_display = ("id", "task_name", "task_id", "breaker", "reason", "status", "parked", "due")
+    list_display = ("entry", "task_name", "task", "breaker", "reason", "status", "parked", "due")
     list_filter = ("breaker", "reason", "status")
     search_fields = ("task_name", "task_id", "=id")
     ordering = ("-parked_at", "-id")
     list_per_page = 100
     actions = ("replay_now", "discard")
+    change_list_template = "admin/celery_resilience/record_list.html"
 
     def get_queryset(self, request: HttpRequest) -> Any:
         return super().get_queryset(request).defer("payload")  # lists don't need the bytes
@@ -53,13 +63,34 @@ class ParkedTaskRecordAdmin(admin.ModelAdmin):  # type: ignore[misc]  # Django i
         """Replay and discard remove entries: they need the model's delete permission."""
         return bool(request.user.has_perm(f"{self.opts.app_label}.delete_{self.opts.model_name}"))
 
-    @admin.display(description="parked at", ordering="parked_at")  # type: ignore[untyped-decorator]
-    def parked(self, record: ParkedTaskRecord) -> str:
-        return when(record.parked_at)
+    def get_model_perms(self, request: HttpRequest) -> dict[str, bool]:
+        """In the index only while the app parks in the database (else the table is empty)."""
+        return dict(super().get_model_perms(request)) if database_store_in_use() else {}
 
-    @admin.display(description="due at", ordering="due_at")  # type: ignore[untyped-decorator]
+    # Short ids and relative times keep a row on one line; the whole text is the hover title.
+    @admin.display(description="entry id", ordering="id")  # type: ignore[untyped-decorator]
+    def entry(self, record: ParkedTaskRecord) -> str:
+        return str(format_html('<span title="{}">{}</span>', record.id, short(record.id)))
+
+    @admin.display(description="task id", ordering="task_id")  # type: ignore[untyped-decorator]
+    def task(self, record: ParkedTaskRecord) -> str:
+        return str(format_html('<span title="{}">{}</span>', record.task_id, short(record.task_id)))
+
+    @admin.display(description="parked", ordering="parked_at")  # type: ignore[untyped-decorator]
+    def parked(self, record: ParkedTaskRecord) -> str:
+        return str(
+            format_html(
+                '<time datetime="{}" title="{}">{}</time>',
+                iso(record.parked_at),
+                when(record.parked_at),
+                relative(record.parked_at, time.time()),
+            )
+        )
+
+    @admin.display(description="due", ordering="due_at")  # type: ignore[untyped-decorator]
     def due(self, record: ParkedTaskRecord) -> str:
-        return when(record.due_at)
+        text = due_text(record.status, record.reason, record.due_at, time.time())
+        return str(format_html('<span title="{}">{}</span>', when(record.due_at), text))
 
     def _store(self, using: str) -> DjangoBackoutStore:
         """The app's database store on ``using`` (its serializer and accept list)."""

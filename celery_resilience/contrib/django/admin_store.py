@@ -8,6 +8,7 @@ the admin index and its permissions (view to look, delete to replay or discard).
 from __future__ import annotations
 
 import builtins
+import time
 from typing import Any
 from urllib.parse import urlencode
 
@@ -20,7 +21,7 @@ from django.urls import path, reverse
 from ...parked.entry import REASONS, STATUSES, ParkedTask
 from ...parked.store import NO_BREAKER
 from . import actions
-from .conf import resilience
+from .conf import database_store_in_use, resilience
 from .display import ACTION_FIELD, ACTIONS, DISCARD, REPLAY, SELECTED_FIELD, details, summary
 
 #: A search reads at most this many entries (newest first): the store has no text index.
@@ -51,6 +52,11 @@ class StoreEntryAdmin(admin.ModelAdmin):  # type: ignore[misc]  # Django is unty
         """Replay and discard remove entries: they need the model's delete permission."""
         codename = f"{self.opts.app_label}.delete_{self.opts.model_name}"
         return bool(request.user.has_perm(codename))
+
+    def get_model_perms(self, request: HttpRequest) -> dict[str, bool]:
+        """No permissions, so no place in the index, while the app parks in the database: the
+        database table's own page shows the same entries, with its filters and search."""
+        return {} if database_store_in_use() else dict(super().get_model_perms(request))
 
     def get_urls(self) -> builtins.list[Any]:
         prefix = f"{self.opts.app_label}_{self.opts.model_name}"
@@ -128,7 +134,8 @@ class StoreEntryAdmin(admin.ModelAdmin):  # type: ignore[misc]  # Django is unty
             }
             for name in FILTERS
         ]
-        context["rows"] = [{**summary(e), "url": self._url("change", e.id)} for e in entries]
+        now = time.time()
+        context["rows"] = [{**summary(e, now), "url": self._url("change", e.id)} for e in entries]
         context["previous_url"] = link(p=page - 1) if page > 0 else None
         context["next_url"] = link(p=page + 1) if more else None
         context["hidden_filters"] = {k: v for k, v in chosen.items() if v}

@@ -48,3 +48,14 @@ def resilience() -> Resilience:
     app = celery_app()
     load_task_modules(app)
     return Resilience.for_app(app)
+
+
+def database_store_in_use() -> bool:
+    """Whether the app parks tasks in this database (``resilience_backout_store = "django"``);
+    ``False`` without a usable app (the configured store's page then says what is wrong)."""
+    from .store import DjangoBackoutStore
+
+    try:
+        return isinstance(resilience().backout_store, DjangoBackoutStore)
+    except Exception:
+        return False

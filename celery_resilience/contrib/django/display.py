@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import math
 from datetime import datetime, timezone
 from typing import Any
 
+from django.utils.text import Truncator
+
 from ...parked.entry import ParkedTask
+from ...parked.store import held
 
 #: Admin POST fields of an action, as Django's own changelist uses them.
 ACTION_FIELD = "action"
@@ -14,6 +18,8 @@ SELECTED_FIELD = "_selected_action"
 REPLAY = "replay_now"
 DISCARD = "discard"
 ACTIONS = ((REPLAY, "Replay now"), (DISCARD, "Discard"))
+#: Characters of an id a list shows.
+SHORT = 8
 
 
 def when(seconds: float | None) -> str:
@@ -26,24 +32,73 @@ def when(seconds: float | None) -> str:
     return str(moment.strftime("%Y-%m-%d %H:%M:%S %Z"))
 
 
+def short(text: str, keep: int = SHORT) -> str:
+    """The start of a long id, so a list row stays one line (the whole id goes in a title)."""
+    return text if len(text) <= keep + 1 else f"{text[:keep]}…"
+
+
+def relative(seconds: float | None, now: float) -> str:
+    """Epoch seconds as "3 minutes ago" or "in 5 minutes" seen from ``now``, or a dash."""
+    if seconds is None or not math.isfinite(seconds):
+        return "—"
+    from django.utils.timesince import timesince, timeuntil
+
+    delta = now - seconds
+    if abs(delta) < 60:  # timesince would say "0 minutes"
+        count = round(abs(delta))
+        text = f"{count}\xa0second{'' if count == 1 else 's'}"
+        return f"{text} ago" if delta >= 0 else f"in {text}"
+    moment, reference = _utc(seconds), _utc(now)
+    if delta > 0:
+        return f"{timesince(moment, reference, depth=1)} ago"
+    return f"in {timeuntil(moment, reference, depth=1)}"
+
+
+def iso(seconds: float | None) -> str:
+    """Epoch seconds as ISO 8601 in UTC (a ``<time datetime>``), or empty."""
+    return "" if seconds is None or not math.isfinite(seconds) else _utc(seconds).isoformat()
+
+
+def _utc(seconds: float) -> datetime:
+    return datetime.fromtimestamp(seconds, tz=timezone.utc)
+
+
+def due(status: str, reason: str, due_at: float, now: float) -> str:
+    """When a drain may replay an entry: "now", "in 5 minutes", "on demand" (never by
+    itself), or a dash for a dead one (it waits for a person)."""
+    if status == "dead":
+        return "—"
+    if held(reason):
+        return "on demand"
+    return "now" if due_at <= now else relative(due_at, now)
+
+
 def pretty(value: Any) -> str:
     """JSON, indented; what JSON can't hold (pickled objects) as its ``repr``."""
     return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True, default=repr)
 
 
-def summary(entry: ParkedTask) -> dict[str, Any]:
-    """One row of a list."""
+def summary(entry: ParkedTask, now: float) -> dict[str, Any]:
+    """One row of a list: short ids and times relative to ``now``, each with its whole text
+    (for the cell's hover title; the exception is the reason's), so a row stays one line on a
+    laptop screen."""
     return {
         "id": entry.id,
+        "id_short": short(entry.id),
         "task_name": entry.task_name,
         "task_id": entry.task_id,
+        "task_id_short": short(entry.task_id),
         "breaker": entry.breaker or "—",
         "reason": entry.reason,
         "status": entry.status,
         "dead_reason": entry.dead_reason or "",
         "parked_at": when(entry.parked_at),
+        "parked_iso": iso(entry.parked_at),
+        "parked_ago": relative(entry.parked_at, now),
         "due_at": when(entry.due_at),
+        "due": due(entry.status, entry.reason, entry.due_at, now),
         "exc_type": entry.exc_type,
+        "exc_message": Truncator(entry.exc_message or "").chars(200),
     }
 
 

@@ -64,3 +64,18 @@ class StoreEntry(models.Model):  # type: ignore[misc]
         managed = False
         verbose_name = "parked task"
         verbose_name_plural = "parked tasks (configured store)"
+
+
+class Breaker(models.Model):  # type: ignore[misc]
+    """No table: gives the admin's page of the shared breakers a place and permissions.
+
+    The page (``admin_breakers.py``) reads and steers them through
+    ``Resilience.for_app(app).breaker(name)``: view to look, change to force or reset.
+    """
+
+    name = models.CharField(max_length=200, primary_key=True)
+
+    class Meta:
+        managed = False
+        verbose_name = "breaker"
+        verbose_name_plural = "breakers"

@@ -1,0 +1,21 @@
+from django.db import migrations, models
+
+
+class Migration(migrations.Migration):  # type: ignore[misc]  # Django is untyped here
+    dependencies = [
+        ("celery_resilience", "0001_initial"),
+    ]
+
+    operations = [
+        migrations.CreateModel(
+            name="Breaker",
+            fields=[
+                ("name", models.CharField(max_length=200, primary_key=True, serialize=False)),
+            ],
+            options={
+                "verbose_name": "breaker",
+                "verbose_name_plural": "breakers",
+                "managed": False,
+            },
+        ),
+    ]
