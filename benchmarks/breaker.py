@@ -149,7 +149,7 @@ def run(redis_url: str, calls: int, warmup: int) -> list[Result]:
         ours.acquire().release()  # the process learns the breaker (its watch goes live)
         time.sleep(0.2)
         ours.acquire().release()
-        ours_trips = RoundTrips(resilience.breaker_store.client)  # type: ignore[attr-defined]
+        ours_trips = RoundTrips(resilience.runtime.breaker_store.client)  # type: ignore[attr-defined]
 
         peer_client = redis.Redis.from_url(redis_url)
         storage = CircuitRedisStorage(STATE_CLOSED, peer_client, namespace=f"{prefix}:pybreaker")
