@@ -218,7 +218,8 @@ class Drainer:
                 sent.give_back.append(entry)
         self.store.ack(name, [e.id for e in sent.published])
         for entry, reason in dead:
-            self.store.mark_dead(entry.id, reason)
+            if not self.store.mark_dead(entry.id, reason):
+                continue  # deleted or purged meanwhile: nobody waits for it here
             logger.error("Entry %s (%s) is dead: %s", entry.id, entry.task_name, reason)
             fail_task(self.runtime, entry, reason)  # its workflow must not wait for it
         if sent.give_back:

@@ -20,10 +20,12 @@ from .errors import ParkedTaskDead
 from .events import replay_dispatcher
 from .headers import replay_headers
 from .parked.entry import ParkedTask
-from .parked.store import breaker_key, dead_reason
+from .parked.store import UNREADABLE_META, breaker_key, dead_code, dead_reason
 from .redact import get_logger
 from .runtime import Runtime
 
+#: Dead reasons of entries that can't be replayed even by hand: their bytes can't be read.
+UNREADABLE = ("undecodable", UNREADABLE_META)
 #: Seconds a replay on demand holds the drain lock at most.
 REPLAY_LEASE = 60.0
 
@@ -38,15 +40,19 @@ class Refusal:
     message: str
 
 
-def preflight(runtime: Runtime, entry: ParkedTask, now: float) -> Refusal | None:
+def preflight(
+    runtime: Runtime, entry: ParkedTask, now: float, by_hand: bool = False
+) -> Refusal | None:
     """What a worker would refuse this entry for, checked before it is published (``None``: go).
 
     The one place these checks live: the drain marks a refused entry dead, a replay on demand
-    reports why it refused.
+    reports why it refused. The drain never sends a dead entry; a person may (``by_hand``), once
+    its cause is gone (the checks below run again), unless its bytes can't be read.
     """
-    if entry.status == "dead" or entry.dead_reason:  # undecodable, or unreadable metadata
+    if entry.status == "dead" or entry.dead_reason:
         reason = entry.dead_reason or "undecodable"
-        return Refusal(reason, entry.exc_message or f"entry {entry.id} is {reason}")
+        if not by_hand or dead_code(reason) in UNREADABLE:
+            return Refusal(reason, entry.exc_message or f"entry {entry.id} is {reason}")
     app = runtime.app
     if not is_registered(app, entry.task_name):
         return Refusal("unregistered", f"task {entry.task_name!r} is not registered in this app")
@@ -208,7 +214,9 @@ def replay(runtime: Runtime, entry_id: str) -> ParkedTask:
     """Publish one entry now, whatever its breaker says (a person asked), then remove it.
 
     ``KeyError`` if absent; ``ValueError`` saying why if a worker would refuse it (an expired
-    entry is marked dead on the way, as the drain would).
+    entry is marked dead on the way, as the drain would). A dead entry is sent if its cause is
+    gone (its task registered again, its arguments fitting, not expired): its workflow, failed
+    when it died, is not revived.
     """
     store = runtime.backout_store
     with drain_lock(runtime, REPLAY_LEASE, wait=10.0) as lock:
@@ -217,10 +225,9 @@ def replay(runtime: Runtime, entry_id: str) -> ParkedTask:
         entry = store.get(entry_id)
         if entry is None:
             raise KeyError(entry_id)
-        refusal = preflight(runtime, entry, runtime.now())
+        refusal = preflight(runtime, entry, runtime.now(), by_hand=True)
         if refusal is not None:
-            if refusal.dead_reason == "expired":
-                store.mark_dead(entry_id, refusal.dead_reason)
+            if refusal.dead_reason == "expired" and store.mark_dead(entry_id, "expired"):
                 fail_task(runtime, entry, refusal.dead_reason)
             raise ValueError(refusal.message)
         publish(runtime, entry)

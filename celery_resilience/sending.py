@@ -88,7 +88,7 @@ class Sender:
     def send(self, entries: list[ParkedTask]) -> Sent:
         """Publish ``entries`` in one batch where the transport can (kombu's ``Producer.batch``:
         one Redis pipeline), and one by one where it can't or the batch as a whole failed."""
-        if not entries or not self.producer.supports_batch_publish:
+        if not entries or not getattr(self.producer, "supports_batch_publish", False):
             return self.one_by_one(entries)
         buffered: list[ParkedTask] = []
         made_badly: list[tuple[ParkedTask, PublishFailure]] = []

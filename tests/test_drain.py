@@ -554,6 +554,30 @@ def test_replay_of_an_expired_entry_refuses_and_marks_it_dead(
     assert sent_count(redis_client, queue) == 0
 
 
+def test_a_person_may_replay_a_dead_entry_but_not_one_that_cannot_be_read(
+    kind: str, make_resilience: MakeResilience, redis_client: redis.Redis, queue: str
+) -> None:
+    resilience = make_resilience(kind)
+    store = resilience.backout_store
+    spent, unreadable = park(resilience, 2, queue)
+    assert store.mark_dead(spent.id, "max_replays")
+    # Bytes that decode to nothing: the entry is kept, dead "undecodable", whatever a person does.
+    if kind == "redis":
+        store._put_raw(unreadable.id, b"\xff not an entry")  # type: ignore[attr-defined]
+    else:
+        store.mark_dead(unreadable.id, "undecodable")
+
+    replayed = resilience.backout.replay(spent.id)  # its cause is gone: a person decided
+
+    (message,) = sent(redis_client, queue)
+    assert (message.task_id, replayed.task_id) == (spent.task_id, spent.task_id)
+    assert resilience.backout.get(spent.id) is None
+    with pytest.raises(ValueError, match=r"undecodable|can't be decoded"):
+        resilience.backout.replay(unreadable.id)
+    assert resilience.backout.get(unreadable.id) is not None
+    assert sent_count(redis_client, queue) == 1
+
+
 # -- one drainer at a time -----------------------------------------------------------------------
 
 

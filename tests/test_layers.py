@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import fnmatch
+import re
 from pathlib import Path
 
 import pytest
@@ -101,10 +102,55 @@ def imports_of(module: str, path: Path, known: set[str]) -> set[str]:
     return found
 
 
+#: Modules named by a dotted string and imported lazily on purpose, as Celery's own
+#: ``BACKEND_ALIASES`` do: the setting ``resilience_backout_store = "django"`` names the optional
+#: Django store, which only a Django project can import. Every other string naming a module of
+#: the package obeys the layers like an import.
+PLUGIN_ALIASES = {("config.backout", "contrib.django.store")}
+
+
+def dotted_strings(path: Path, known: set[str]) -> set[str]:
+    """Package modules named in string constants (``"celery_resilience.x.y.attr"``)."""
+    found: set[str] = set()
+    tree = ast.parse(path.read_text(), str(path))
+    # Logger names follow the modules' names without importing anything.
+    loggers = {
+        id(arg)
+        for call in ast.walk(tree)
+        if isinstance(call, ast.Call)
+        and getattr(call.func, "id", getattr(call.func, "attr", "")) in ("get_logger", "getLogger")
+        for arg in call.args
+    }
+    for node in ast.walk(tree):
+        if id(node) in loggers:
+            continue
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            for match in re.findall(rf"\b{PACKAGE}((?:\.\w+)+)", node.value):
+                parts = match.lstrip(".").split(".")
+                # The longest prefix that is a module: the rest names an attribute.
+                for end in range(len(parts), 0, -1):
+                    if ".".join(parts[:end]) in known:
+                        found.add(".".join(parts[:end]))
+                        break
+    return found
+
+
 def graph() -> dict[str, set[str]]:
     mods = modules()
     known = set(mods)
     return {name: imports_of(name, path, known) for name, path in mods.items()}
+
+
+def test_no_string_names_a_module_of_a_higher_layer() -> None:
+    mods = modules()
+    known = set(mods)
+    upward = [
+        f"{module} names {target} in a string"
+        for module, path in mods.items()
+        for target in sorted(dotted_strings(path, known))
+        if layer_of(target) > layer_of(module) and (module, target) not in PLUGIN_ALIASES
+    ]
+    assert upward == []
 
 
 def test_every_module_is_in_a_layer() -> None:

@@ -101,7 +101,7 @@ class ResilienceConfig:
     dead_ttl: float | None = None
     backout_max_entries: int = 1_000_000
     #: Where parked tasks live: "redis" (default), "django" (the ORM of
-    #: celery_resilience.contrib.django) or a dotted path to a factory(resilience) -> store.
+    #: celery_resilience.contrib.django) or a dotted path to a factory(runtime) -> store.
     backout_store: str = "redis"
     #: Seconds before a ``park_on`` entry is due again, doubling with each replay.
     park_on_delay: float = 60.0

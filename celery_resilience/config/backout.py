@@ -44,7 +44,7 @@ def backout_store_factory(path: str) -> Callable[..., Any]:
     module, _, name = dotted.rpartition(".")
     try:
         factory = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError, ValueError) as exc:
+    except Exception as exc:  # whatever importing it raised (AppRegistryNotReady...): name it
         raise ConfigurationError(
             "resilience_backout_store must be 'redis', 'django' or the dotted path of an "
             f"importable factory, got {path!r} ({type(exc).__name__}: {exc})"

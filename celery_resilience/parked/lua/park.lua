@@ -15,10 +15,15 @@
 -- ARGV[7] max_entries
 -- ARGV[8] status: "parked" (into KEYS[5]) or "dead" (into KEYS[6])
 -- ARGV[9] stats field to count this park under
--- Returns 1 stored, 0 already stored (nothing changed), -1 full (nothing stored).
+-- Returns 1 stored, 0 already stored (only the "reparked" counter changed), -1 full (nothing
+-- stored).
 
 local id = ARGV[1]
 if redis.call('HEXISTS', KEYS[1], id) == 1 then
+  -- A write even here: WAIT counts the writes of its own connection, and replication keeps
+  -- their order, so a replica that holds this one holds the entry an earlier park stored
+  -- (that park's WAIT may never have answered: its worker died, its reply was lost).
+  redis.call('HINCRBY', KEYS[7], 'reparked', 1)
   return 0
 end
 if redis.call('HLEN', KEYS[1]) >= tonumber(ARGV[7]) then
