@@ -200,7 +200,7 @@ def drill(deployment: SentinelDeployment, world: World) -> Drill:
     store = res.backout_store
     publisher = Publisher(world)
     try:
-        wait_until(lambda: len(world.acked_parks(publisher.ids[:])) >= 10, "parks", 20)
+        wait_until(lambda: len(world.acked_parks(publisher.ids[:])) >= 10, "parks", 60)
         old = deployment.primary()
         deployment.failover()
         old.kill()  # the primary's death
@@ -220,7 +220,7 @@ def drill(deployment: SentinelDeployment, world: World) -> Drill:
             recent = world.acked_parks(publisher.ids[-20:])
             return any(parked_at(store, e) > died for e in recent.values())
 
-        wait_until(parked_again, "a park acknowledged again", 40, poll=0.1)
+        wait_until(parked_again, "a park acknowledged again", 90, poll=0.1)
         time.sleep(1.0)  # more parks on the new primary
     finally:
         published = publisher.finish()
@@ -229,7 +229,7 @@ def drill(deployment: SentinelDeployment, world: World) -> Drill:
     def settled() -> bool:
         return set(published) <= world.succeeded() | set(world.acked_parks(published))
 
-    wait_until(settled, "every published task to end succeeded or parked", 40, poll=0.2)
+    wait_until(settled, "every published task to end succeeded or parked", 90, poll=0.2)
     acked = world.acked_parks(published)
     times = [parked_at(store, e) for e in acked.values()]
     return Drill(
