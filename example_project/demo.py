@@ -477,9 +477,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--down-for", type=float, default=9.0, help="outage length (9 s)")
     parser.add_argument(
         "--outage",
-        choices=("refuse", "503"),
+        choices=("refuse", "503", "hang"),
         default="refuse",
-        help="refuse: the gateway's socket is closed (connection refused); 503: it answers 503",
+        help="refuse: the gateway's socket is closed (connection refused); 503: it answers 503; "
+        "hang: it accepts connections and never answers (the time limit and the bulkhead at work)",
     )
     parser.add_argument("--latency", type=float, default=0.005, help="gateway seconds per charge")
     parser.add_argument("--deadline", type=float, default=75.0, help="give up after (75 s)")

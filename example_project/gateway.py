@@ -7,14 +7,16 @@ Two listeners:
   The gateway does *not* deduplicate: a key charged twice shows up twice in the ledger, which is
   how the demo tells "charged exactly once" from "charged twice".
 * the **control** port, which stays up during an outage: ``POST /down`` (``?mode=refuse``, the
-  default, or ``?mode=503``), ``POST /up``, ``GET /ledger``, ``GET /health``.
+  default, ``?mode=503`` or ``?mode=hang``), ``POST /up``, ``GET /ledger``, ``GET /health``.
 
 "Down" closes the API's listening socket, so callers get *connection refused*: what a client
 sees when the gateway process crashed, is being redeployed, or its host is gone, the most
 common outage of a dependency, and one the client learns about at once (no timeout to wait
 for). ``mode=503`` keeps the socket and answers ``503 Service Unavailable`` instead, as a load
-balancer in front of a dead backend does. Requests already being served when it goes down still
-finish (as with a real process that drains its connections).
+balancer in front of a dead backend does. ``mode=hang`` accepts every connection and never
+answers (the commonest real outage, and the costliest: each caller waits for its own timeout);
+a hung request is dropped unanswered, uncharged, when the gateway comes back. Requests already
+being served when it goes down still finish (as with a real process that drains its connections).
 
 Run it alone with ``python gateway.py --port 8099 --control-port 8098``; it prints one JSON
 line with both URLs, then serves until SIGTERM or Ctrl-C. ``Gateway`` runs it in a thread
@@ -35,7 +37,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-MODES = ("refuse", "503")
+MODES = ("refuse", "503", "hang")
+#: The longest a hung request is held (seconds), whatever the outage's length.
+HANG_CAP = 120.0
 
 
 class _Server(ThreadingHTTPServer):
@@ -82,6 +86,11 @@ class _ApiHandler(_Handler):
             return self._reply(HTTPStatus.BAD_REQUEST, {"error": "order_id and amount needed"})
         if gateway.latency:
             time.sleep(gateway.latency)
+        if gateway.mode == "hang":
+            gateway.count("hung")
+            gateway.wait_until_up(HANG_CAP)
+            self.close_connection = True  # dropped unanswered: the caller timed out long ago
+            return None
         if gateway.mode == "503":
             gateway.count("unavailable")
             return self._reply(HTTPStatus.SERVICE_UNAVAILABLE, {"error": "service unavailable"})
@@ -131,6 +140,8 @@ class Gateway:
         self._charges: Counter[str] = Counter()
         self._counts: Counter[str] = Counter()
         self._lock = threading.Lock()
+        self._up = threading.Event()
+        self._up.set()
         self._api: _Server | None = None
         self._control: _Server | None = None
 
@@ -175,12 +186,18 @@ class Gateway:
                 self._api.server_close()  # from now on: connection refused
                 self._api = None
             self.mode = mode
+            self._up.clear()
 
     def up(self) -> None:
         with self._lock:
             if self._api is None:
                 self._api = self._serve(_ApiHandler, self.port)  # the same port as before
             self.mode = None
+            self._up.set()
+
+    def wait_until_up(self, timeout: float) -> None:
+        """Hold a hung request until the outage ends (at most ``timeout`` seconds)."""
+        self._up.wait(timeout)
 
     # -- the ledger -----------------------------------------------------------------------
     def record(self, key: str) -> int:
