@@ -15,7 +15,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar, cast
 
 import redis
@@ -24,6 +24,7 @@ from ..config import BreakerConfig
 from ..errors import BreakerOpen
 from ..redact import get_logger
 from ..redis_io import unavailable
+from .aio import AsyncPermit
 from .health import RedisHealth
 from .permit import Admission, Outcome, Permit
 from .store import BreakerStore, Delivery
@@ -84,8 +85,10 @@ class Breaker:
         A closed breaker that this process knows for sure (see ``views.py``) admits without a
         round trip; anything else asks Redis, and the answer teaches the process again.
         """
-        if delivery is None and self._views.admits(self.name) is not None:
-            return Admission(Permit(self, "normal"), None)
+        if delivery is None:
+            permit = self._local_permit()
+            if permit is not None:
+                return Admission(permit, None)
         generation = self._views.start()
         permit_id = uuid.uuid4().hex
         # Deferred successes ride along once per FLUSH_INTERVAL.
@@ -112,17 +115,43 @@ class Breaker:
             return Admission(None, rejected, decision.deliveries)
         return Admission(Permit(self, decision.kind, permit_id), None, decision.deliveries)
 
+    def _local_permit(self) -> Permit | None:
+        """A permit granted without a round trip, if the process may grant it alone."""
+        if self._views.admits(self.name) is not None:
+            return Permit(self, "normal")
+        return None
+
     def call(self, fn: Callable[..., R], *args: Any, **kwargs: Any) -> R:
         """Run ``fn`` through the breaker; raises :class:`BreakerOpen` when not admitted."""
         with self.acquire():
             return fn(*args, **kwargs)
 
+    async def acall(self, fn: Callable[..., Awaitable[R]], *args: Any, **kwargs: Any) -> R:
+        """``call`` for a coroutine function, awaited without blocking the event loop."""
+        async with self.permit():
+            return await fn(*args, **kwargs)
+
+    def permit(self) -> AsyncPermit:
+        """``async with breaker.permit():`` admits the block as ``acquire`` would (see ``aio``)."""
+        return AsyncPermit(self)
+
+    def known_state(self) -> State:
+        """The state as this process knows it: no round trip while the change feed keeps its
+        view current; else one (that teaches the view). Unlike :attr:`state`, an open breaker
+        whose timeout has passed stays ``open`` until a caller asks for a probe."""
+        generation = self._views.start()
+        view = self._views.known(self.name)
+        if view is not None:
+            return view.state
+        with unavailable("breaker store"):
+            # A release of nothing: the view's reply without changing it (as ``flush`` sends).
+            change = self._store().release(self.name, self.limits, "normal", "", 0)
+        self._views.learn(self.name, change.version, change.state, change.streak, generation)
+        return change.state
+
     def _record(self, permit: Permit, outcome: Outcome) -> None:
         assert permit.kind is not None
-        if outcome == "success" and permit.kind == "normal" and self._may_defer():
-            with self._lock:
-                self._forget_inherited()
-                self._deferred += 1
+        if self._defer(permit, outcome):
             return
         # A failure, a success that ends a streak, or a due flush: sent now, with this
         # process's deferred successes first.
@@ -151,6 +180,15 @@ class Breaker:
         self._views.learn(self.name, change.version, change.state, change.streak, generation)
         if change.transition:
             self._announce(change.transition, change.state)
+
+    def _defer(self, permit: Permit, outcome: Outcome) -> bool:
+        """Count a success in the process if it needs no round trip; ``False`` if it does."""
+        if outcome == "success" and permit.kind == "normal" and self._may_defer():
+            with self._lock:
+                self._forget_inherited()
+                self._deferred += 1
+            return True
+        return False
 
     def _may_defer(self) -> bool:
         """A success may wait for the next flush only if it ends no streak of failures (known

@@ -74,6 +74,13 @@ class Views:
             return None
         return view
 
+    def known(self, name: str) -> View | None:
+        """The view, whatever its state, if the process knows it for sure (a live watch)."""
+        view = self._views.get(name)
+        if view is None or view.generation != self.generation or self._forks != _forks:
+            return None
+        return view
+
     # -- learning -------------------------------------------------------------------------------
     def start(self) -> int:
         """Make sure this process watches (after a fork too); the generation to learn under."""
