@@ -1,7 +1,12 @@
-"""The admin only: orders, task results (django-celery-results) and, with the contrib app,
-parked tasks."""
+"""The checkout page (the web tier on the ``payments`` breaker) and the admin: orders, task
+results (django-celery-results) and, with the contrib app, parked tasks."""
 
 from django.contrib import admin
 from django.urls import path
 
-urlpatterns = [path("admin/", admin.site.urls)]
+from orders.views import checkout
+
+urlpatterns = [
+    path("checkout/", checkout, name="checkout"),
+    path("admin/", admin.site.urls),
+]
