@@ -1,7 +1,8 @@
 """Start-up checks, as celery-redbeat does: settings and Redis setups that can lose work.
 
 Each finding says what to change. ``error`` where work would be lost or run twice,
-``warning`` where a guarantee is weakened. Run at worker start and by
+``warning`` where a guarantee is weakened (or, for a version outside the tested matrix, was
+never checked). Run at worker start and by
 ``celery -A proj resilience check``.
 """
 
@@ -20,6 +21,7 @@ from .parked.redis_keys import BackoutKeys
 from .redact import get_logger, redact
 from .redis_io import node_client, primaries
 from .runtime import Runtime
+from .versions import outside_matrix
 
 logger = get_logger("celery_resilience.checks")
 
@@ -34,6 +36,7 @@ def run_checks(runtime: Runtime, tasks: Iterable[Any] = ()) -> list[Finding]:
     """Every finding for this app and its ``tasks`` (its ``ResilientTask`` instances); Redis that
     can't be reached is a finding too."""
     findings = _settings(runtime) + _tasks(runtime, tasks)
+    findings += [Finding("warning", note) for note in outside_matrix()]
     if runtime.config.in_memory:
         findings.append(
             Finding(

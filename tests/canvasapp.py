@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
+from contextvars import ContextVar
 from typing import Any
 
 from celery import Celery
@@ -130,15 +131,27 @@ def define_canvas_tasks(app: Celery, s: Mapping[str, Any]) -> None:
     define_fib(app, ran, url, PLAIN_FIB, bind=True, shared=False)  # celery.Task: the reference
 
 
+#: The task id of the delivery whose body runs now: its nested calls are recorded under it (their
+#: request's id is the parent's from Celery 5.5 on, ``None`` before).
+_delivery: ContextVar[str | None] = ContextVar("delivery", default=None)
+
+
 def define_fib(app: Celery, ran: str, url: str, name: str, **options: Any) -> None:
     @app.task(name=name, **options)
     def fib(self: Any, n: int) -> int:
         """Calls itself directly: each call must see a request of its own, as in Celery."""
         request = self.request
-        seen = {"task": name, "id": request.id, "n": n, "args": list(request.args or ())}
-        seen["called_directly"] = request.called_directly
-        client(url).rpush(ran, json.dumps(seen))
-        return n if n < 2 else fib(n - 1) + fib(n - 2)
+        outer = _delivery.get() is None
+        token = _delivery.set(request.id) if outer else None
+        try:
+            seen = {"task": name, "id": request.id, "n": n, "args": list(request.args or ())}
+            seen["called_directly"] = request.called_directly
+            seen["delivery"] = _delivery.get()
+            client(url).rpush(ran, json.dumps(seen))
+            return n if n < 2 else fib(n - 1) + fib(n - 2)
+        finally:
+            if token is not None:
+                _delivery.reset(token)
 
 
 app = make_canvas_app(os.environ)

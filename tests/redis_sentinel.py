@@ -87,8 +87,12 @@ class SentinelDeployment:
     def _replica_known(self) -> bool:
         with self.sentinel_client() as client:
             replicas = client.execute_command("SENTINEL", "REPLICAS", MASTER_NAME)
+        # redis-py parses the reply into dicts from 6.1 on; 6.0 gives each as a flat list.
+        parsed = [
+            r if isinstance(r, dict) else dict(zip(r[::2], r[1::2], strict=True)) for r in replicas
+        ]
         return any(
-            "s_down" not in r["flags"] and r.get("master-link-status") == "ok" for r in replicas
+            "s_down" not in r["flags"] and r.get("master-link-status") == "ok" for r in parsed
         )
 
     def primary_port(self) -> int:

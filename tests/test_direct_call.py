@@ -52,9 +52,9 @@ class Calls:
         self.client, self.key = client, f"{prefix}:ran"
 
     def of(self, task_id: str) -> list[dict[str, Any]]:
-        """The calls of one delivery (a nested call's request copies its id, as in Celery)."""
+        """The calls of one delivery: its own and its body's nested calls."""
         found = [json.loads(r) for r in self.client.lrange(self.key, 0, -1)]
-        return [r for r in found if r.get("id") == task_id]
+        return [r for r in found if r.get("delivery") == task_id]
 
     def seen(self, task_id: str) -> list[tuple[Any, ...]]:
         """What each call of one delivery saw, without the task's name."""

@@ -29,6 +29,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "signals",
             "trouble",
             "backoff",
+            "versions",
             "config",
             "config.*",
             "breaker.types",

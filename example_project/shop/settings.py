@@ -9,6 +9,8 @@ shop makes: broker and resilience alike), ``SHOP_GATEWAY_URL``.
 import os
 from pathlib import Path
 
+import django
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 SECRET_KEY = os.environ.get("SHOP_SECRET_KEY", "example-only-not-a-secret")
@@ -69,6 +71,8 @@ DATABASES = {
         },
     }
 }
+if django.VERSION < (5, 1):  # neither option exists before Django 5.1: WAL by hand, no IMMEDIATE
+    DATABASES["default"]["OPTIONS"] = {"timeout": 20}
 
 # -- the payment gateway (example_project/gateway.py) -------------------------------------
 PAYMENTS_GATEWAY_URL = os.environ.get("SHOP_GATEWAY_URL", "http://127.0.0.1:8099")
