@@ -7,7 +7,8 @@ the difference is the breaker's own cost per call: the process's view of the bre
 call and holds the success back, with no round trip (a flush of held-back successes goes out
 about once a second). Both are timed in the same run, in alternating rounds, and the medians of
 the rounds are printed in µs per call with their ratio, beside the Redis commands this process
-sent per ``acall``. Also prints ``async with breaker.permit():`` and a concurrent burst
+sent per ``acall``. Also prints ``async with breaker.permit():``, a coroutine that gives the
+event loop one turn (``asyncio.sleep(0)``, the least any real I/O does), and a concurrent burst
 (``asyncio.gather`` of 100 calls at a time).
 
 It uses its own key prefix and deletes what it made.
@@ -34,15 +35,34 @@ async def dependency(value: int) -> int:
     return value
 
 
+async def yielding(value: int) -> int:
+    """The least a real I/O call does: give the event loop one turn."""
+    await asyncio.sleep(0)
+    return value
+
+
 async def plain(calls: int) -> None:
     for i in range(calls):
         await dependency(i)
+
+
+async def plain_yielding(calls: int) -> None:
+    for i in range(calls):
+        await yielding(i)
 
 
 def through(breaker: Breaker) -> Callable[[int], Awaitable[None]]:
     async def acall(calls: int) -> None:
         for i in range(calls):
             await breaker.acall(dependency, i)
+
+    return acall
+
+
+def through_yielding(breaker: Breaker) -> Callable[[int], Awaitable[None]]:
+    async def acall(calls: int) -> None:
+        for i in range(calls):
+            await breaker.acall(yielding, i)
 
     return acall
 
@@ -118,17 +138,18 @@ def main() -> None:
         "await fn()": plain,
         "await breaker.acall(fn)": acall,
         "async with breaker.permit()": in_block(breaker),
+        "await io()": plain_yielding,
+        "await breaker.acall(io)": through_yielding(breaker),
         "gather(fn() x100)": gathered(dependency),
         "gather(acall(fn) x100)": gathered(lambda i: breaker.acall(dependency, i)),
     }
     try:
         medians = asyncio.run(measure(variants, args.calls, args.rounds))
-        acalls = args.calls * (args.rounds + 0.1) * 2  # acall, and acall in the burst
-        base = medians["await fn()"]
-        burst = medians["gather(fn() x100)"]
+        acalls = args.calls * (args.rounds + 0.1) * 3  # acall(fn), acall(io), the burst's
         print(f"{args.calls} calls x {args.rounds} rounds, medians (µs per call), closed breaker")
+        print("  (fn returns at once; io gives the event loop one turn, as any real I/O does)")
         for name, value in medians.items():
-            ref = burst if name.startswith("gather") else base
+            ref = medians[_reference(name)]
             print(f"  {name:30s} {value:8.2f} µs   x{value / ref:6.2f}   +{value - ref:6.2f} µs")
         print(f"  Redis commands sent per acall: {sent / acalls:.5f}")
     finally:
@@ -137,6 +158,13 @@ def main() -> None:
         keys = list(cleanup.scan_iter(match=f"*{prefix}*", count=1000))
         if keys:
             cleanup.delete(*keys)
+
+
+def _reference(name: str) -> str:
+    """The plain await each variant is compared with."""
+    if name.startswith("gather"):
+        return "gather(fn() x100)"
+    return "await io()" if "io" in name else "await fn()"
 
 
 if __name__ == "__main__":

@@ -179,7 +179,9 @@ class AsyncPermit:
 
     An exception leaving the block counts as a failure unless the breaker's ``ignore`` lists its
     type; a success slower than ``slow_call_seconds`` counts as one too; a cancellation counts
-    neither way. Made by ``Breaker.permit()``; one use per object.
+    neither way. Made by ``Breaker.permit()``; one use per object. The block's end is the
+    outcome: calling the permit's own ``success()`` or ``failure()`` inside it would wait for
+    Redis on the event loop.
     """
 
     __slots__ = ("_breaker", "_permit")
