@@ -35,7 +35,8 @@ class Finding:
 def run_checks(runtime: Runtime, tasks: Iterable[Any] = ()) -> list[Finding]:
     """Every finding for this app and its ``tasks`` (its ``ResilientTask`` instances); Redis that
     can't be reached is a finding too."""
-    findings = _settings(runtime) + _tasks(runtime, tasks)
+    tasks = list(tasks)
+    findings = _settings(runtime) + _tasks(runtime, tasks) + _hang_bounds(runtime, tasks)
     findings += [Finding("warning", note) for note in outside_matrix()]
     if runtime.config.in_memory:
         findings.append(
@@ -112,6 +113,36 @@ def _tasks(runtime: Runtime, tasks: Iterable[Any]) -> list[Finding]:
                     "broker. Lower the backoff's cap if they should stay in the broker.",
                 )
             )
+    return findings
+
+
+def _hang_bounds(runtime: Runtime, tasks: Iterable[Any]) -> list[Finding]:
+    """A guarded task whose call can hang with nothing to end it holds a pool slot for as long
+    as the dependency hangs: it needs a time limit, or a client timeout it declares."""
+    findings: list[Finding] = []
+    conf = runtime.app.conf
+    for task in sorted(tasks, key=lambda t: str(t.name)):
+        timeout = getattr(task, "call_timeout", None)
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0
+        ):
+            findings.append(
+                Finding("error", f"{task.name}.call_timeout must be seconds > 0, got {timeout!r}")
+            )
+        if task.breaker is None or timeout is not None:
+            continue
+        if any(_task_option(task, conf, name) for name in ("soft_time_limit", "time_limit")):
+            continue
+        findings.append(
+            Finding(
+                "warning",
+                f"{task.name} calls through breaker {task.breaker!r} with neither a time limit "
+                "nor a declared client timeout: a dependency that hangs holds a pool slot until "
+                "it answers, and the breaker hears nothing meanwhile. Set soft_time_limit (the "
+                "task is then retried or parked and the breaker counts a failure), or give "
+                "the client a timeout and declare it with call_timeout=<seconds>.",
+            )
+        )
     return findings
 
 

@@ -45,3 +45,8 @@ class StoreUnavailable(ResilienceError):
 class ParkedTaskDead(ResilienceError):
     """The result of a task whose back-out entry died (replays ran out, it expired, the broker
     refuses it...): its ``link_error`` callbacks get it, and a chord it belongs to fails."""
+
+
+class Unparkable(ResilienceError):
+    """A task the back-out store refused every time (``resilience_park_attempts`` parks): it
+    ends in Celery FAILURE with this error, after an ERROR log line naming it."""

@@ -111,6 +111,11 @@ class ResilienceCollector:
             "retries": CounterMetricFamily(
                 f"{PREFIX}_retries_scheduled", "Retries scheduled with backoff", labels=["breaker"]
             ),
+            "unparkable": CounterMetricFamily(
+                f"{PREFIX}_unparkable",
+                "Tasks that failed after every park attempt was refused",
+                labels=["breaker"],
+            ),
         }
         for key, value in sorted(stats.items()):
             kind, _, rest = key.partition("|")

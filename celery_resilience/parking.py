@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .headers import REJECTED_HEADER, entry_id, publish_options, replays_of, request_header
+from .kept import Cause, without_kept
 from .parked.entry import ParkedTask, Reason
 from .parked.store import EntryStore
 from .redact import get_logger
@@ -26,19 +27,22 @@ def new_entry(
     options: Mapping[str, Any],
     breaker: str | None,
     reason: Reason,
-    exc: BaseException | None,
+    exc: Cause,
     now: float,
     due_in: float = 0.0,
 ) -> ParkedTask:
     """The entry for this delivery (``request``), with what publishing it again needs."""
     retries, replays = request.retries or 0, replays_of(request)
     kept = publish_options(options)
+    if "headers" in kept:  # a replay of an entry parked from a kept copy runs its body again
+        kept["headers"] = without_kept(kept["headers"])
     if reason == "breaker_open" and replays > 0:
         # A replay the breaker turned away unrun: it must not use up resilience_max_replays.
         kept["headers"] = {
             **kept.get("headers", {}),
             REJECTED_HEADER: request_header(request, REJECTED_HEADER) + 1,
         }
+    exc_type, exc_message = exc if isinstance(exc, tuple) else ("", "")
     return ParkedTask.new(
         task_name=task_name,
         task_id=request.id,
@@ -47,7 +51,9 @@ def new_entry(
         kwargs=request.kwargs or {},
         options=kept,
         breaker=breaker,
-        exc=exc,
+        exc=None if isinstance(exc, tuple) else exc,
+        exc_type=exc_type,
+        exc_message=exc_message,
         retries=retries,
         replays=replays,
         parked_at=now,

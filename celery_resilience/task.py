@@ -17,11 +17,11 @@ import time
 from typing import Any, NoReturn
 
 from celery import Task
-from celery.exceptions import Ignore, Reject, Retry
+from celery.exceptions import Ignore, Reject, Retry, SoftTimeLimitExceeded
 
-from . import parking
+from . import body_retry, kept, parking
 from .backoff import BackoffStrategy, Exponential
-from .breaker.permit import Admission, Permit
+from .breaker.permit import Admission
 from .breaker.store import Delivery
 from .config import exception_types
 from .errors import BreakerOpen, ConfigurationError
@@ -30,6 +30,7 @@ from .headers import REDELIVERED_HEADER, new_message_headers, redelivered, repla
 from .parked.entry import ParkedTask, Reason
 from .redact import get_logger
 from .runtime import Runtime
+from .settle import settle as _settle
 from .signals import task_parked
 
 logger = get_logger("celery_resilience.task")
@@ -65,6 +66,10 @@ class ResilientTask(Task):  # type: ignore[misc]
     on_open: str = "park"
     #: Skip a delivery whose task id already succeeded (marker kept ``resilience_dedup_ttl``).
     deduplicate: bool = False
+    #: Seconds the body's client waits on the dependency at most (documents a hang's bound).
+    call_timeout: float | None = None
+    #: A hard time limit retries or parks the task instead of FAILURE (``time_limits.py``).
+    Request = "celery_resilience.time_limits:ResilientRequest"
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -99,6 +104,8 @@ class ResilientTask(Task):  # type: ignore[misc]
         # (``fib(n - 1)``: the outer delivery's request, marked below, is still on the stack).
         if request.called_directly or request._protected:
             return super().__call__(*args, **kwargs)
+        if parking_kept := kept.kept_park(request):  # a park failed: park again, body not run
+            self._park(parking_kept[0], parking_kept[1:], request)
         try:
             admission = self._admit(request)
         except Exception as exc:  # our own machinery failed before the body ran
@@ -119,6 +126,9 @@ class ResilientTask(Task):  # type: ignore[misc]
         request._protected = 1
         try:
             result = self.run(*args, **kwargs)
+        except body_retry.BodyRetry as wish:  # the body's self.retry() / autoretry_for
+            _settle(permit, wish.outcome(self.retry_on))
+            self._retry_or_park(wish.exc, request, wish.countdown, wish.max_retries)
         except (Retry, Ignore, Reject):  # the body's own retry(), Ignore or Reject: Celery's
             _settle(permit, "success")
             raise
@@ -128,6 +138,9 @@ class ResilientTask(Task):  # type: ignore[misc]
             due_in = self.runtime.config.park_on_due_in(replays_of(request))
             self._park("park_on", exc, request, due_in=due_in)
         except self.retry_on as exc:
+            _settle(permit, "failure")
+            self._retry_or_park(exc, request)
+        except SoftTimeLimitExceeded as exc:  # the dependency hangs: a slow call, retried
             _settle(permit, "failure")
             self._retry_or_park(exc, request)
         except Exception:
@@ -144,6 +157,10 @@ class ResilientTask(Task):  # type: ignore[misc]
         return result
 
     # -- steps ------------------------------------------------------------------------------
+    def retry(self, *args: Any, **kwargs: Any) -> Any:
+        """Celery's ``Task.retry``, published by the package inside a delivery (``body_retry``)."""
+        return body_retry.retry(self, super().retry, *args, **kwargs)
+
     def _admit(self, request: Any) -> Admission:
         runtime = Runtime.for_app(self.app)
         # Only a redelivery is counted (a first delivery can't be a crash loop): no key per task.
@@ -172,10 +189,15 @@ class ResilientTask(Task):  # type: ignore[misc]
         self._park("breaker_open", rejected, request)
 
     def _retry_or_park(
-        self, exc: BaseException, request: Any, delay: float | None = None
+        self,
+        exc: BaseException | None,
+        request: Any,
+        delay: float | None = None,
+        max_retries: int | None = None,  # the body's own retry(max_retries=...)
     ) -> NoReturn:
         retries = request.retries or 0
-        if self.max_retries is not None and retries >= self.max_retries:
+        limit = self.max_retries if max_retries is None else max_retries
+        if limit is not None and retries >= limit:
             reason: Reason = "breaker_open" if isinstance(exc, BreakerOpen) else "retries_exhausted"
             self._park(reason, exc, request, due_in=self.backoff(retries))
         countdown = self.backoff(retries) if delay is None else delay
@@ -209,9 +231,7 @@ class ResilientTask(Task):  # type: ignore[misc]
         self.runtime.count_retry(self.breaker)
         raise Retry(exc=exc, when=countdown)
 
-    def _park(
-        self, reason: Reason, exc: BaseException | None, request: Any, due_in: float = 0.0
-    ) -> NoReturn:
+    def _park(self, reason: Reason, exc: kept.Cause, request: Any, due_in: float = 0.0) -> NoReturn:
         try:
             runtime = self.runtime
             options = self.signature_from_request(request).options
@@ -227,7 +247,7 @@ class ResilientTask(Task):  # type: ignore[misc]
                 request.id,
                 reason,
             )
-            self._keep(request, trouble)
+            self._keep(request, trouble, kept.next_copy(self, request, reason, exc, trouble))
         self.runtime.park_trouble.ok()
         self._announce_parked(entry, request)
         raise Ignore()  # the message is acked only now, after the entry is stored
@@ -242,13 +262,14 @@ class ResilientTask(Task):  # type: ignore[misc]
         send_task_parked(self, entry)
         task_parked.send(sender=self, entry=entry, request=request)
 
-    def _keep(self, request: Any, trouble: Exception) -> NoReturn:
-        """Our side failed (admission, the store): the message stays in the broker."""
+    def _keep(self, request: Any, trouble: Exception, copy: kept.Copy | None = None) -> NoReturn:
+        """Our side failed (admission, the store): the message stays in the broker. A ``copy``
+        kept for a park (``kept.py``: its countdown, headers) parks without running the body."""
         if request.is_eager:
             raise trouble  # no broker to wait in: the caller sees the error
         try:
-            delay = self.runtime.config.keep_delay
-            self._send_again(request, delay, request.retries or 0)
+            delay, headers = copy or (self.runtime.config.keep_delay, {})
+            self._send_again(request, delay, request.retries or 0, headers)
         except Exception as publish_error:
             logger.error(
                 "Could not keep %s[%s] in the broker either (%s: %s): requeued",
@@ -262,28 +283,15 @@ class ResilientTask(Task):  # type: ignore[misc]
             raise Reject(publish_error, requeue=True) from trouble
         raise Retry(exc=trouble, when=delay)
 
-    def _send_again(self, request: Any, countdown: float, retries: int) -> None:
+    def _send_again(
+        self, request: Any, countdown: float, retries: int, headers: Any = None
+    ) -> None:
         """Publish this delivery again, same task id, in ``countdown`` seconds."""
         signature = self.signature_from_request(request, countdown=countdown, retries=retries)
         options = signature.options  # a new message is no redelivery
         options.pop(REDELIVERED_HEADER, None)  # from delivery_info
-        options["headers"] = new_message_headers(options.get("headers"))
+        options["headers"] = {**new_message_headers(options.get("headers")), **(headers or {})}
         signature.apply_async()
-
-
-def _settle(permit: Permit | None, outcome: str) -> None:
-    """Report the call's outcome; bookkeeping trouble never changes the task's fate."""
-    if permit is None:
-        return
-    try:
-        if outcome == "success":
-            permit.success()
-        elif outcome == "failure":
-            permit.failure()
-        else:
-            permit.release()
-    except Exception:
-        logger.exception("Could not record the outcome of a %s call", permit.breaker.name)
 
 
 def resilient_tasks(app: Any) -> list[ResilientTask]:

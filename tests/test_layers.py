@@ -38,10 +38,35 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ),
     ("stores", ("redis_io", "events", "breaker", "breaker.*", "parked", "parked.*")),
     ("runtime", ("runtime",)),
-    ("use cases", ("parking", "replay", "sending", "drain_lock", "drain", "checks", "metrics")),
+    (
+        "use cases",
+        (
+            "kept",
+            "settle",
+            "parking",
+            "replay",
+            "sending",
+            "drain_lock",
+            "drain",
+            "checks",
+            "metrics",
+        ),
+    ),
     (
         "surfaces",
-        ("", "task", "resilience", "worker", "beat", "cli", "cli.*", "contrib", "contrib.*"),
+        (
+            "",
+            "task",
+            "body_retry",
+            "time_limits",
+            "resilience",
+            "worker",
+            "beat",
+            "cli",
+            "cli.*",
+            "contrib",
+            "contrib.*",
+        ),
     ),
 ]
 

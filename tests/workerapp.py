@@ -173,6 +173,7 @@ def define_tasks(app: Celery, s: Mapping[str, Any]) -> None:
         max_retries=s["max_retries"],
         backoff=Exponential(base=s["backoff_base"], cap=s["backoff_cap"], jitter=s["jitter"]),
         deduplicate=s["deduplicate"],
+        call_timeout=10.0,  # the fake dependency's calls end (its latency is the test's)
         **resilient,
     )
     def charge(self: Any, order_id: str, amount: int = 1) -> dict[str, Any]:
@@ -184,7 +185,13 @@ def define_tasks(app: Celery, s: Mapping[str, Any]) -> None:
             pipe.execute()
         return {"order_id": order_id, "amount": amount}
 
-    @app.task(name="workerapp.crash", breaker="dep", retry_on=(ConnectionError,), **resilient)
+    @app.task(
+        name="workerapp.crash",
+        breaker="dep",
+        retry_on=(ConnectionError,),
+        call_timeout=1.0,
+        **resilient,
+    )
     def crash(self: Any, order_id: str) -> None:
         raise ValueError(f"bad input: order {order_id!r} does not exist")
 

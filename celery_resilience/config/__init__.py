@@ -74,6 +74,7 @@ SETTINGS = (
     "backout_store",
     "park_on_delay",
     "keep_delay",
+    "park_attempts",
 )
 
 
@@ -107,6 +108,8 @@ class ResilienceConfig:
     park_on_delay: float = 60.0
     #: Seconds a message waits in the broker when the store could not take it.
     keep_delay: float = 30.0
+    #: Parks a task tries (the first, then its kept copies) before it gives up (FAILURE).
+    park_attempts: int = 10
     #: How long the broker may hold an unacked message before it redelivers it (seconds).
     broker_redelivery_after: float = _DEFAULT_VISIBILITY_TIMEOUT
 
@@ -197,5 +200,6 @@ class ResilienceConfig:
             backout_store=_backout_store(get("backout_store", "redis")),
             park_on_delay=_positive("resilience_park_on_delay", get("park_on_delay", 60.0)),
             keep_delay=_positive("resilience_keep_delay", get("keep_delay", 30.0)),
+            park_attempts=_integer("resilience_park_attempts", get("park_attempts", 10)),
             broker_redelivery_after=broker_countdown_limit(conf),
         )
