@@ -7,7 +7,7 @@ it marks FAILURE and, with ``acks_late``, acks the message. ``ResilientTask`` na
 failure (the dependency hung) and takes its retry path from the main process: published again
 (same id, ``retries + 1``, the task's backoff), or parked when retries run out or the publish
 fails (reasons ``retries_exhausted`` / ``delay_too_long``, ``exc_type``
-``celery.exceptions.TimeLimitExceeded``); when the park fails, a kept copy (``kept.py``) or, if
+``billiard.exceptions.TimeLimitExceeded``); when the park fails, a kept copy (``kept.py``) or, if
 the broker refuses even that, a requeue. The message is acked only after one of these held.
 
 A soft time limit raises ``SoftTimeLimitExceeded`` inside the body: the task handles it there.

@@ -63,6 +63,10 @@ def settings(env: Mapping[str, str]) -> dict[str, Any]:
         "restore_interval": env.get("WORKERAPP_RESTORE_INTERVAL"),
         # The back-out store writes msgpack, which can't hold what JSON messages can (datetime).
         "store_msgpack": env.get("WORKERAPP_STORE_MSGPACK", "") == "1",
+        "park_attempts": int(env.get("WORKERAPP_PARK_ATTEMPTS", "10")),
+        # The time limits of ``workerapp.hang`` (soft) and ``workerapp.stuck`` (hard).
+        "soft_time_limit": float(env.get("WORKERAPP_SOFT_TIME_LIMIT", "1")),
+        "time_limit": float(env.get("WORKERAPP_TIME_LIMIT", "2")),
     }
 
 
@@ -106,6 +110,7 @@ def make_app(env: Mapping[str, str]) -> Celery:
         resilience_key_prefix=prefix,
         resilience_redis_timeout=s["redis_timeout"],
         resilience_keep_delay=s["keep_delay"],
+        resilience_park_attempts=s["park_attempts"],
         resilience_on_redis_error=s["on_redis_error"],
         resilience_breakers={
             "dep": {"failure_threshold": s["failure_threshold"], "open_timeout": s["open_timeout"]}
@@ -184,6 +189,54 @@ def define_tasks(app: Celery, s: Mapping[str, Any]) -> None:
             pipe.hincrby(runs, self.request.id, 1)
             pipe.execute()
         return {"order_id": order_id, "amount": amount}
+
+    guarded = {
+        "breaker": "dep",
+        "retry_on": (ConnectionError,),
+        "max_retries": s["max_retries"],
+        "backoff": Exponential(base=s["backoff_base"], cap=s["backoff_cap"], jitter=s["jitter"]),
+        "deduplicate": s["deduplicate"],
+        **resilient,
+    }
+
+    def charged(self: Any, order_id: str) -> str:
+        """The body of the tasks below: the dependency's call, then the ledger's record."""
+        r = client(url)
+        call_dependency(r, prefix, self, order_id)
+        with r.pipeline() as pipe:
+            pipe.sadd(succeeded, self.request.id)
+            pipe.hincrby(runs, self.request.id, 1)
+            pipe.execute()
+        return order_id
+
+    @app.task(name="workerapp.hang", soft_time_limit=s["soft_time_limit"], **guarded)
+    def hang(self: Any, order_id: str) -> str:
+        """A call the soft time limit ends when the dependency hangs (its latency)."""
+        return charged(self, order_id)
+
+    @app.task(name="workerapp.stuck", time_limit=s["time_limit"], **guarded)
+    def stuck(self: Any, order_id: str) -> str:
+        """A call the hard time limit kills when the dependency hangs (its latency)."""
+        return charged(self, order_id)
+
+    @app.task(name="workerapp.polite", call_timeout=1.0, **guarded)
+    def polite(self: Any, order_id: str) -> str:
+        """Retries by itself, as Celery's docs show: ``raise self.retry(exc=exc)``."""
+        try:
+            return charged(self, order_id)
+        except ConnectionError as exc:
+            raise self.retry(exc=exc, countdown=0.05) from exc
+
+    @app.task(
+        name="workerapp.auto",
+        call_timeout=1.0,
+        autoretry_for=(ConnectionError,),
+        retry_kwargs={"countdown": 0.05},
+        **{**guarded, "retry_on": ()},
+    )
+    def auto(self: Any, order_id: str) -> str:
+        """Retries through Celery's ``autoretry_for``."""
+        return charged(self, order_id)
 
     @app.task(
         name="workerapp.crash",
