@@ -48,10 +48,14 @@ def failed_parks(request: Any) -> int:
 
 
 def kept_park(request: Any) -> tuple[Reason, str, str] | None:
-    """``(reason, exc_type, exc_message)`` when this delivery is a kept copy of a park."""
+    """``(reason, exc_type, exc_message)`` when this delivery is a kept copy of a park that
+    must not run the body. A copy of a ``breaker_open`` park never ran it: the breaker decides
+    again (it parks the copy while open, runs it once closed), its failed parks still counted."""
     if not failed_parks(request):
         return None
     reason = str(_header(request, KEPT_REASON_HEADER) or "")
+    if reason == "breaker_open":
+        return None
     if reason not in REASONS:
         reason = "retries_exhausted"  # a header mangled on the way: still parked, never run
     exc_type, _, exc_message = str(_header(request, KEPT_ERROR_HEADER) or "").partition(": ")

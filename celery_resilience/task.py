@@ -283,14 +283,14 @@ class ResilientTask(Task):  # type: ignore[misc]
             raise Reject(publish_error, requeue=True) from trouble
         raise Retry(exc=trouble, when=delay)
 
-    def _send_again(
-        self, request: Any, countdown: float, retries: int, headers: Any = None
-    ) -> None:
-        """Publish this delivery again, same task id, in ``countdown`` seconds."""
+    def _send_again(self, request: Any, countdown: float, retries: int, extra: Any = None) -> None:
+        """Publish this delivery again, same task id, in ``countdown`` seconds (``extra``
+        headers: a kept copy's)."""
         signature = self.signature_from_request(request, countdown=countdown, retries=retries)
         options = signature.options  # a new message is no redelivery
         options.pop(REDELIVERED_HEADER, None)  # from delivery_info
-        options["headers"] = {**new_message_headers(options.get("headers")), **(headers or {})}
+        fresh = kept.without_kept(new_message_headers(options.get("headers")))  # none of a copy's
+        options["headers"] = {**fresh, **(extra or {})}
         signature.apply_async()
 
 
