@@ -82,6 +82,8 @@ class ResilientRequest(Request):  # type: ignore[misc]
             return
         task.request_stack.pop()
         logger.warning("Task %s[%s] %s after its hard time limit", task.name, self.id, outcome)
+        if outcome.startswith("retried"):  # what Celery's own retry tells Flower
+            self.send_event("task-retried", exception=repr(exc), traceback="")
         self.acknowledge()
 
 
