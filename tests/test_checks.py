@@ -162,6 +162,43 @@ def test_task_acks_late_setting_counts_for_tasks_that_do_not_say(server: RedisSe
     assert named == {"checks.opts_out"}
 
 
+def test_a_guarded_task_with_nothing_to_end_a_hanging_call_is_a_warning(
+    server: RedisServer,
+) -> None:
+    configure(server, "noeviction", appendonly=True)
+    app = make_app(server.url, task_acks_late=True, task_reject_on_worker_lost=True)
+    options: dict[str, Any] = {"base": ResilientTask, "bind": True, "shared": False}
+
+    @app.task(name="checks.unbounded", breaker="dep", **options)
+    def unbounded(self: Any) -> None: ...
+
+    @app.task(name="checks.soft", breaker="dep", soft_time_limit=5, **options)
+    def soft(self: Any) -> None: ...
+
+    @app.task(name="checks.hard", breaker="dep", time_limit=5, **options)
+    def hard(self: Any) -> None: ...
+
+    @app.task(name="checks.declared", breaker="dep", call_timeout=3.0, **options)
+    def declared(self: Any) -> None: ...
+
+    @app.task(name="checks.nonsense", breaker="dep", call_timeout="3s", **options)
+    def nonsense(self: Any) -> None: ...
+
+    @app.task(name="checks.unguarded", **options)
+    def unguarded(self: Any) -> None: ...  # no breaker: nothing the breaker would miss
+
+    mine = sorted(
+        (f.level, f.message.split(" ")[0]) for f in checks(app) if f.message.startswith("checks.")
+    )
+    assert mine == [("error", "checks.nonsense.call_timeout"), ("warning", "checks.unbounded")]
+    warning = next(f for f in checks(app) if f.message.startswith("checks.unbounded"))
+    assert "soft_time_limit" in warning.message
+    assert "call_timeout" in warning.message
+
+    app.conf.task_soft_time_limit = 10  # the app's limit counts for every task
+    assert not [f for f in checks(app) if f.message.startswith("checks.unbounded")]
+
+
 # -- Redis ----------------------------------------------------------------------------------------
 
 
