@@ -155,6 +155,24 @@ def test_a_hard_time_limit_whose_retry_the_broker_refuses_is_parked(world: Matri
     world.settle("hard time limit / retry refused", ids).check()
 
 
+def test_a_hard_time_limit_whose_park_fails_keeps_a_copy_that_does_not_run_the_body(
+    world: MatrixWorld,
+) -> None:
+    world.ledger.set(f"{world.prefix}:dep:latency", HANG)
+    log_before = len(world.worker.log())
+    rules = ["resetkeys", f"~{{{world.prefix}:breaker:*", f"~{world.prefix}:breakers"]
+    with acl_denied(world.store_admin, USER, rules):
+        ids = world.publish(1, "hard-park-refused", task="stuck")
+        wait_for(lambda: world.failed(ids), "the task to give up", 40.0)
+        assert not world.in_broker(ids)
+    assert calls_of(world, ids[0]) == 2  # killed twice; the kept copies never ran the body
+    log = world.worker.log()[log_before:]
+    assert f"workerapp.stuck[{ids[0]}] kept (park failed" in log
+    assert f"Gave up parking workerapp.stuck[{ids[0]}] after {PARK_ATTEMPTS} failed parks" in log
+    world.ledger.set(f"{world.prefix}:dep:latency", "0")
+    world.settle("hard time limit / park refused", ids).check(failed=1)
+
+
 # -- the body's own retry -----------------------------------------------------------------------
 
 
