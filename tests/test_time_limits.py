@@ -164,7 +164,7 @@ def test_a_hard_time_limit_whose_park_fails_keeps_a_copy_that_does_not_run_the_b
     with acl_denied(world.store_admin, USER, rules):
         ids = world.publish(1, "hard-park-refused", task="stuck")
         wait_for(lambda: world.failed(ids), "the task to give up", 40.0)
-        assert not world.in_broker(ids)
+        wait_for(lambda: not world.in_broker(ids), "the last copy acked", 10.0)
     assert calls_of(world, ids[0]) == 2  # killed twice; the kept copies never ran the body
     log = world.worker.log()[log_before:]
     assert f"workerapp.stuck[{ids[0]}] kept (park failed" in log
@@ -233,7 +233,8 @@ def test_a_kept_copy_parks_without_running_the_body_and_gives_up_where_a_person_
         world.app.tasks["workerapp.charge"].apply_async((order,), task_id=task_id)
         ids = [task_id]
         wait_for(lambda: world.failed(ids), "the task to give up", 30.0)
-        assert not world.in_broker(ids)  # no endless loop: the last copy was acked
+        # No endless loop: the last copy is acked (just after its FAILURE is stored).
+        wait_for(lambda: not world.in_broker(ids), "the last copy acked", 10.0)
     assert calls_of(world, task_id) == 2  # the first run and its retry; no kept copy ran it
     log = world.worker.log()[log_before:]
     assert f"Gave up parking workerapp.charge[{task_id}] after {PARK_ATTEMPTS} failed parks" in log
