@@ -36,7 +36,8 @@ def run_checks(runtime: Runtime, tasks: Iterable[Any] = ()) -> list[Finding]:
     """Every finding for this app and its ``tasks`` (its ``ResilientTask`` instances); Redis that
     can't be reached is a finding too."""
     tasks = list(tasks)
-    findings = _settings(runtime) + _tasks(runtime, tasks) + _hang_bounds(runtime, tasks)
+    findings = _settings(runtime) + _trust(runtime) + _tasks(runtime, tasks)
+    findings += _hang_bounds(runtime, tasks)
     findings += [Finding("warning", note) for note in outside_matrix()]
     if runtime.config.in_memory:
         findings.append(
@@ -76,6 +77,23 @@ def _settings(runtime: Runtime) -> list[Finding]:
             f"resilience_max_countdown ({max_countdown:.0f}s) is not below the broker's "
             f"visibility timeout ({limit:.0f}s): a retry that long is delivered twice. Lower "
             "resilience_max_countdown (or leave it unset).",
+        )
+    ]
+
+
+def _trust(runtime: Runtime) -> list[Finding]:
+    """Pickle in the store: whoever can write one entry runs code in every reader."""
+    if runtime.config.serializer != "pickle":
+        return []
+    signed = " (signing verifies an entry before it is unpickled: keep it on)"
+    return [
+        Finding(
+            "warning",
+            "resilience_serializer is 'pickle': every process that reads the back-out store "
+            "(drainer, CLI, Django admin) unpickles what it holds, so write access to that store "
+            "is code execution in them. Prefer 'json' or 'msgpack'"
+            + (signed if runtime.config.signing_keys else ", or set resilience_signing_key")
+            + ".",
         )
     ]
 

@@ -22,7 +22,8 @@ from .errors import StoreUnavailable
 from .events import replay_dispatcher
 from .headers import rejected_replays
 from .parked.entry import ParkedTask
-from .parked.store import NO_BREAKER, BackoutStore, dead_reason, held
+from .parked.store import NO_BREAKER, BackoutStore, breaker_key, dead_code, dead_reason, held
+from .parked.trust import TAMPERED
 from .redact import get_logger
 from .replay import Refusal, fail_task, preflight
 from .runtime import Runtime
@@ -49,6 +50,8 @@ class DrainReport:
     locked: bool = False  # another drain held the lock: this one did nothing
     duration: float = 0.0
     breakers: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: Entries that died in this run, by ``<breaker>|<dead reason code>`` (metrics).
+    dead_reasons: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         """The report as plain data (the ``celery_resilience.drain`` task's result)."""
@@ -198,6 +201,10 @@ class Drainer:
                 self.store.release(name, [entry.id], math.inf)
                 continue
             refusal = self._refusal(entry, now)
+            if refusal is None and breaker_key(entry.breaker) != name:
+                # Its signed payload names another breaker: moved into this ready set beside
+                # it, around the gate of its own breaker.
+                refusal = Refusal(TAMPERED, f"entry {entry.id} sits under breaker {name!r}")
             if refusal is None:
                 ready.append(entry)
             else:
@@ -220,6 +227,8 @@ class Drainer:
         for entry, reason in dead:
             if not self.store.mark_dead(entry.id, reason):
                 continue  # deleted or purged meanwhile: nobody waits for it here
+            counter = f"{name}|{dead_code(reason)}"
+            report.dead_reasons[counter] = report.dead_reasons.get(counter, 0) + 1
             logger.error("Entry %s (%s) is dead: %s", entry.id, entry.task_name, reason)
             fail_task(self.runtime, entry, reason)  # its workflow must not wait for it
         if sent.give_back:
@@ -252,6 +261,8 @@ def _counters(report: DrainReport) -> dict[str, float]:
         for what in ("replayed", "dead"):
             if stats[what]:
                 counters[f"{what}|{name}"] = stats[what]
+    for key, n in report.dead_reasons.items():
+        counters[f"dead_reason|{key}"] = n
     return counters
 
 

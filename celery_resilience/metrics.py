@@ -108,6 +108,11 @@ class ResilienceCollector:
             "dead": CounterMetricFamily(
                 f"{PREFIX}_dead", "Entries that became dead in a drain", labels=["breaker"]
             ),
+            "dead_reason": CounterMetricFamily(
+                f"{PREFIX}_dead_by_reason",
+                "Entries that became dead in a drain, by dead reason (tampered, unsigned...)",
+                labels=["breaker", "reason"],
+            ),
             "retries": CounterMetricFamily(
                 f"{PREFIX}_retries_scheduled", "Retries scheduled with backoff", labels=["breaker"]
             ),

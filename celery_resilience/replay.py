@@ -21,11 +21,13 @@ from .events import replay_dispatcher
 from .headers import replay_headers
 from .parked.entry import ParkedTask
 from .parked.store import UNREADABLE_META, breaker_key, dead_code, dead_reason
+from .parked.trust import TAMPERED, UNDECRYPTABLE, UNSIGNED
 from .redact import get_logger
 from .runtime import Runtime
 
-#: Dead reasons of entries that can't be replayed even by hand: their bytes can't be read.
-UNREADABLE = ("undecodable", UNREADABLE_META)
+#: Dead reasons of entries that can't be replayed even by hand: their bytes can't be read, or
+#: can't be trusted (a person can't tell a forged entry from a real one either).
+UNREADABLE = ("undecodable", UNREADABLE_META, TAMPERED, UNSIGNED)
 #: Seconds a replay on demand holds the drain lock at most.
 REPLAY_LEASE = 60.0
 
@@ -53,6 +55,8 @@ def preflight(
         reason = entry.dead_reason or "undecodable"
         if not by_hand or dead_code(reason) in UNREADABLE:
             return Refusal(reason, entry.exc_message or f"entry {entry.id} is {reason}")
+    if entry.encrypted:  # read without the key: its arguments are sealed, nothing to send
+        return Refusal(UNDECRYPTABLE, f"entry {entry.id} is encrypted and no key here opens it")
     app = runtime.app
     if not is_registered(app, entry.task_name):
         return Refusal("unregistered", f"task {entry.task_name!r} is not registered in this app")
@@ -229,6 +233,8 @@ def replay(runtime: Runtime, entry_id: str) -> ParkedTask:
         if refusal is not None:
             if refusal.dead_reason == "expired" and store.mark_dead(entry_id, "expired"):
                 fail_task(runtime, entry, refusal.dead_reason)
+            elif dead_code(refusal.dead_reason) in (TAMPERED, UNSIGNED):
+                store.mark_dead(entry_id, refusal.dead_reason)  # quarantined, as a drain does
             raise ValueError(refusal.message)
         publish(runtime, entry)
         with replay_dispatcher(runtime.app) as events:

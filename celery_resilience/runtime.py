@@ -28,6 +28,7 @@ from .breaker.views import Views
 from .config import ResilienceConfig, backout_store_factory
 from .errors import StoreUnavailable
 from .events import send_breaker_event
+from .parked.codec import Codec
 from .parked.memory import MemoryBackoutStore
 from .parked.redis import BackoutKeys, RedisBackoutStore
 from .parked.store import BackoutStore
@@ -122,8 +123,7 @@ class Runtime:
                 self._backout = self._fixed_backout or MemoryBackoutStore(
                     max_entries=config.backout_max_entries,
                     dead_ttl=config.dead_ttl,
-                    serializer=config.serializer,
-                    accept=self.app.conf.accept_content,
+                    codec=Codec.of(config),
                 )
                 self._fixed_breaker_store, self._fixed_backout = self._breaker_store, self._backout
                 self._pid = os.getpid()
@@ -139,8 +139,7 @@ class Runtime:
                 or RedisBackoutStore(
                     self._client,
                     config.key_prefix,
-                    serializer=config.serializer,
-                    accept=self.app.conf.accept_content,
+                    codec=Codec.of(config),
                     max_entries=config.backout_max_entries,
                     dead_ttl=config.dead_ttl,
                     # WAIT must answer before the socket times out: half the timeout each.

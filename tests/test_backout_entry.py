@@ -17,17 +17,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from celery_resilience.errors import ConfigurationError, ResilienceError
+from celery_resilience.parked.codec import decode, encode, readable
 from celery_resilience.parked.entry import (
-    DEFAULT_ACCEPT,
     REASONS,
     STATUSES,
     UNDECODABLE_TASK,
     ParkedTask,
     UndecodableEntry,
     cut_traceback,
-    decode,
-    encode,
-    store_accept,
     undecodable,
 )
 
@@ -118,7 +115,7 @@ def test_reasons_and_statuses() -> None:
 def test_json_round_trip_keeps_every_field() -> None:
     entry = make(breaker=None, status="dead", dead_reason="unregistered")
     data = encode(entry, "json")
-    assert data.startswith(b"1;application/json;utf-8\n")
+    assert data.startswith(b"2;json;-\n")
     assert decode(data) == entry
     assert decode(data, ["json"]) == entry
 
@@ -129,36 +126,34 @@ def test_json_round_trip_of_kombu_extended_types() -> None:
     assert decode(encode(entry, "json")).args == [when, Decimal("1.10"), uuid.UUID(int=7)]
 
 
-def test_pickle_is_refused_unless_accepted() -> None:
+def test_pickle_is_read_only_by_a_store_that_writes_pickle() -> None:
     entry = make(args=[("a", "tuple"), {1, 2}])
     data = encode(entry, "pickle")
-    with pytest.raises(UndecodableEntry, match="not accepted"):
+    with pytest.raises(UndecodableEntry, match="not one this store reads"):
         decode(data)
-    with pytest.raises(UndecodableEntry, match="not accepted"):
-        decode(data, ["json"])
-    assert decode(data, ["json", "pickle"]) == entry
-    assert decode(data, ["application/x-python-serialize"]).args == [("a", "tuple"), {1, 2}]
+    with pytest.raises(UndecodableEntry, match="not one this store reads"):
+        decode(data, ["json", "msgpack"])
+    assert decode(data, ["pickle"]).args == [("a", "tuple"), {1, 2}]
 
 
-def test_msgpack_round_trip() -> None:  # msgpack comes with the test extra
+def test_msgpack_round_trip_and_a_json_store_reads_msgpack() -> None:  # msgpack: test extra
     entry = make()
-    assert decode(encode(entry, "msgpack"), ["msgpack"]) == entry
+    assert decode(encode(entry, "msgpack")) == entry
 
 
-def test_yaml_round_trip_when_accepted() -> None:
-    pytest.importorskip("yaml")
-    entry = make()
-    assert decode(encode(entry, "yaml"), ["yaml"]) == entry
+def test_serializers_outside_the_allow_list_are_never_read() -> None:
+    yaml_entry = b"1;application/x-yaml;utf-8\nid: x\n"
+    with pytest.raises(UndecodableEntry, match="not one this store reads"):
+        decode(yaml_entry, ["json", "pickle"])
+    with pytest.raises(UndecodableEntry, match="not one this store reads"):
+        decode(b"2;yaml;-\nid: x\n", ["json", "pickle"])
 
 
-def test_store_accept_defaults_to_its_serializer_and_json() -> None:
-    assert store_accept("json", None) == {"application/json"}
-    assert store_accept("pickle", None) == {"application/json", "application/x-python-serialize"}
-    assert DEFAULT_ACCEPT == ("json",)
-    with pytest.raises(ConfigurationError, match="not in accept_content"):
-        store_accept("pickle", ["json"])
-    with pytest.raises(ConfigurationError, match="nope"):
-        store_accept("nope", None)
+def test_a_store_reads_json_msgpack_and_only_its_own_pickle() -> None:
+    assert readable("json") == readable("msgpack") == {"json", "msgpack"}
+    assert readable("pickle") == {"json", "msgpack", "pickle"}
+    with pytest.raises(ConfigurationError, match="resilience_serializer"):
+        readable("yaml")
 
 
 def test_undecodable_placeholder() -> None:
@@ -211,9 +206,10 @@ def test_any_field_values_decode_or_are_undecodable(fields: dict[str, Any]) -> N
         (b"", "header"),
         (b"no header at all", "header"),
         (b"\xff\xfe;x;y\n{}", "header"),
-        (b"2;application/json;utf-8\n{}", "version"),
+        (b"3;json;-\n{}", "version"),
+        (b"2;application/json;utf-8\n{}", "not one this store reads"),
         (b"1;application/json;utf-8", "version"),
-        (b"1;application/x-unknown;binary\n{}", "not accepted"),
+        (b"1;application/x-unknown;binary\n{}", "not one this store reads"),
         (JSON_HEADER + b"[1, 2]", "not a mapping"),
         (JSON_HEADER + b'{"id": "x"}', "missing fields"),
         (b"1;application/x-python-serialize;binary\n" + pickle.dumps([1]), "not a mapping"),

@@ -413,30 +413,28 @@ def test_raw_bytes_of_an_unknown_id_are_counted(store: Store) -> None:
     assert "missing fields" in got.exc_message
 
 
-def test_pickle_is_refused_unless_accepted(make_store: MakeStore) -> None:
+def test_pickle_is_read_only_by_a_store_that_writes_pickle(make_store: MakeStore) -> None:
     e = entry(1, args=[("a", "tuple")])
-    strict = make_store(accept=["json"])
+    strict = make_store()
     strict.park(entry(0))
     strict._put_raw(e.id, encode(e, "pickle"))
     got = strict.get(e.id)
     assert got is not None
     assert got.task_name == UNDECODABLE_TASK
-    assert "not accepted" in got.exc_message
+    assert "not one this store reads" in got.exc_message
     assert strict.count() == 2
 
-    lenient = make_store(accept=["json", "pickle"])
-    lenient._put_raw(e.id, encode(e, "pickle"), parked_at=e.parked_at)
-    assert lenient.get(e.id) == e
-
-    pickling = make_store(serializer="pickle", accept=["pickle"])
+    pickling = make_store(serializer="pickle")
     pickling.park(e)
-    assert raw(pickling, e.id).startswith(b"1;application/x-python-serialize;")  # type: ignore[union-attr]
+    assert raw(pickling, e.id).startswith(b"2;pickle;-\n")  # type: ignore[union-attr]
     assert pickling.get(e.id) == e
 
 
-def test_a_serializer_outside_accept_is_a_configuration_error(make_store: MakeStore) -> None:
-    with pytest.raises(ConfigurationError, match="accept_content"):
-        make_store(serializer="pickle", accept=["json"])
+def test_a_serializer_outside_the_allow_list_is_a_configuration_error(
+    make_store: MakeStore,
+) -> None:
+    with pytest.raises(ConfigurationError, match="resilience_serializer"):
+        make_store(serializer="yaml")
 
 
 # -- Redis specifics ------------------------------------------------------------------------

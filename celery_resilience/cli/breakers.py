@@ -11,6 +11,7 @@ from celery.bin.base import CeleryCommand
 
 from ..checks import run_checks
 from ..parked.store import NO_BREAKER, Filter
+from ..parked.trust import UNTRUSTED
 from ..task import resilient_tasks
 from .group import resilience
 from .output import emit, json_option, known_breaker, resilience_of, table, watch, when
@@ -49,7 +50,8 @@ def _status(ctx: click.Context, as_json: bool) -> None:
         "parked": store.count(Filter(NO_BREAKER, "parked")),
         "dead": store.count(Filter(NO_BREAKER, "dead")),
     }
-    data = {"breakers": dict(rows), "no_breaker": unbroken}
+    untrusted = _untrusted(store.stats())
+    data = {"breakers": dict(rows), "no_breaker": unbroken, "untrusted_total": untrusted}
 
     def human() -> str:
         text = table(
@@ -68,9 +70,24 @@ def _status(ctx: click.Context, as_json: bool) -> None:
                 for name, s in rows
             ],
         )
-        return f"{text}\nwithout breaker: {unbroken['parked']} parked, {unbroken['dead']} dead"
+        text += f"\nwithout breaker: {unbroken['parked']} parked, {unbroken['dead']} dead"
+        if untrusted:
+            counts = ", ".join(f"{n} {code}" for code, n in sorted(untrusted.items()))
+            text += f"\nquarantined by drains, never published (ever): {counts}"
+        return text
 
     emit(as_json, data, human)
+
+
+def _untrusted(stats: dict[str, float]) -> dict[str, int]:
+    """Entries drains quarantined because they failed the store's checks, by dead reason."""
+    found: dict[str, int] = {}
+    for key, value in stats.items():
+        kind, _, rest = key.partition("|")
+        code = rest.rpartition("|")[2]
+        if kind == "dead_reason" and code in UNTRUSTED:
+            found[code] = found.get(code, 0) + int(value)
+    return found
 
 
 @resilience.command(cls=CeleryCommand)

@@ -15,6 +15,7 @@ from ..redact import redact
 from ..resilience import Resilience
 from .group import resilience
 from .output import (
+    ENCRYPTED,
     breaker_filter,
     emit,
     entry_dict,
@@ -23,6 +24,7 @@ from .output import (
     json_option,
     progress,
     resilience_of,
+    status_text,
     table,
     when,
 )
@@ -70,7 +72,7 @@ def list_(
                     e.task_id,
                     e.breaker or "-",
                     e.reason,
-                    e.status,
+                    status_text(e),
                     e.retries,
                     e.replays,
                     when(e.parked_at),
@@ -98,7 +100,8 @@ def show(ctx: click.Context, entry_id: str, as_json: bool) -> None:
         lines = [
             f"{k:>12}: {json.dumps(v, default=str)}" for k, v in data.items() if k != "traceback"
         ]
-        return "\n".join([*lines, "   traceback:", entry.traceback or "    (none)"])
+        trace = ENCRYPTED if entry.encrypted else entry.traceback or "    (none)"
+        return "\n".join([*lines, "   traceback:", trace])
 
     emit(as_json, data, human)
 

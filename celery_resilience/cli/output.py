@@ -16,12 +16,15 @@ import redis
 from kombu.exceptions import OperationalError
 
 from ..errors import ConfigurationError, ResilienceError
+from ..parked.codec import SEALED
 from ..parked.entry import REASONS, STATUSES, ParkedTask
-from ..parked.store import NO_BREAKER
+from ..parked.store import NO_BREAKER, dead_code
 from ..redact import redact
 from ..resilience import Resilience
 
 F = TypeVar("F", bound=Callable[..., Any])
+#: Shown in place of a field sealed by an encryption key this process does not have.
+ENCRYPTED = "encrypted"
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 
@@ -66,7 +69,16 @@ def emit(as_json: bool, data: Any, human: Callable[[], str]) -> None:
 
 
 def entry_dict(entry: ParkedTask) -> dict[str, Any]:
-    return {name: getattr(entry, name) for name in entry.__dataclass_fields__}
+    """The entry's fields; read without the encryption key, the sealed ones say "encrypted"."""
+    data = {name: getattr(entry, name) for name in entry.__dataclass_fields__}
+    if entry.encrypted:
+        data.update(dict.fromkeys(SEALED, ENCRYPTED))
+    return data
+
+
+def status_text(entry: ParkedTask) -> str:
+    """``parked``, or ``dead (<reason code>)``: why it waits for a person."""
+    return f"dead ({dead_code(entry.dead_reason)})" if entry.dead_reason else entry.status
 
 
 def known_breaker(res: Resilience, name: str) -> None:

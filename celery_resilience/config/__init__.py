@@ -19,7 +19,7 @@ from typing import Any, Literal
 from ..backoff import Exponential
 
 # ``from_conf`` calls the validators through this module (tests patch ``config._redis_url``).
-from .backout import DJANGO_STORE, _backout_store, _serializer, backout_store_factory
+from .backout import DJANGO_STORE, _backout_store, backout_store_factory
 from .breakers import BreakerConfig, _breaker_config
 from .broker import (
     _COUNTDOWN_SAFETY,
@@ -31,6 +31,7 @@ from .broker import (
     broker_countdown_limit,
 )
 from .deployment import RedisDeployment, broker_options, deployment, kind_of, park_replicas
+from .trust import Keys, encryption_keys, serializer, signing_keys
 from .values import _bad, _choice, _integer, _optional, _positive, _string, exception_types
 
 __all__ = [
@@ -75,6 +76,8 @@ SETTINGS = (
     "park_on_delay",
     "keep_delay",
     "park_attempts",
+    "signing_key",
+    "encryption_key",
 )
 
 
@@ -112,6 +115,10 @@ class ResilienceConfig:
     park_attempts: int = 10
     #: How long the broker may hold an unacked message before it redelivers it (seconds).
     broker_redelivery_after: float = _DEFAULT_VISIBILITY_TIMEOUT
+    #: Keys that sign entries (the first) and verify them (all); never in a repr.
+    signing_keys: Keys = field(default=(), repr=False)
+    #: Fernet keys that encrypt entries' arguments (the first) and decrypt them (all).
+    encryption_keys: Keys = field(default=(), repr=False)
 
     @property
     def in_memory(self) -> bool:
@@ -186,10 +193,7 @@ class ResilienceConfig:
             max_countdown=_max_countdown(get("max_countdown"), conf),
             max_deliveries=_integer("resilience_max_deliveries", get("max_deliveries", 3)),
             dedup_ttl=_positive("resilience_dedup_ttl", get("dedup_ttl", 86400.0)),
-            serializer=_serializer(
-                get("serializer") or conf.get("task_serializer") or "json",
-                conf.get("accept_content"),
-            ),
+            serializer=serializer(get("serializer"), conf.get("task_serializer")),
             drain_batch=_integer("resilience_drain_batch", get("drain_batch", 100)),
             drain_rate=_positive("resilience_drain_rate", get("drain_rate", 50.0)),
             max_replays=_integer("resilience_max_replays", get("max_replays", 5)),
@@ -202,4 +206,6 @@ class ResilienceConfig:
             keep_delay=_positive("resilience_keep_delay", get("keep_delay", 30.0)),
             park_attempts=_integer("resilience_park_attempts", get("park_attempts", 10)),
             broker_redelivery_after=broker_countdown_limit(conf),
+            signing_keys=signing_keys(get("signing_key")),
+            encryption_keys=encryption_keys(get("encryption_key")),
         )

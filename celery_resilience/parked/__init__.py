@@ -2,17 +2,8 @@
 
 from __future__ import annotations
 
-from .entry import (
-    REASONS,
-    STATUSES,
-    ParkedTask,
-    Reason,
-    Status,
-    UndecodableEntry,
-    cut_traceback,
-    decode,
-    encode,
-)
+from .codec import Codec, decode, encode
+from .entry import REASONS, STATUSES, ParkedTask, Reason, Status, UndecodableEntry, cut_traceback
 from .memory import MemoryBackoutStore
 from .redis import BackoutKeys, RedisBackoutStore
 from .store import ANY, NO_BREAKER, BackoutStore, Filter, StoreFull
@@ -24,6 +15,7 @@ __all__ = [
     "STATUSES",
     "BackoutKeys",
     "BackoutStore",
+    "Codec",
     "Filter",
     "MemoryBackoutStore",
     "ParkedTask",

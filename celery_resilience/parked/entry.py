@@ -1,43 +1,32 @@
-"""``ParkedTask``, one task that could not run now, and its byte encoding.
+"""``ParkedTask``, one task that could not run now (its byte encoding is in ``codec.py``).
 
-Encoding: an ASCII header line, then the body made by kombu's serializer registry::
-
-    1;<content_type>;<content_encoding>\\n<body>
-
-``1`` is the envelope version. The header lets :func:`decode` pick the decoder and apply the
-``accept`` list (Celery's ``accept_content``) before touching the body, so pickle is never
-loaded unless it is accepted. The body is a mapping of the dataclass fields; only those envelope
-fields are validated, the task's ``args``/``kwargs`` may hold anything the serializer supports.
+Only the envelope fields are validated; the task's ``args``/``kwargs`` may hold anything the
+store's serializer supports.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import time
 import traceback as tb
 import uuid
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
-from kombu import serialization
-from kombu.utils import json as kombu_json
-
-from ..errors import ConfigurationError, ResilienceError
+from ..errors import ResilienceError
 
 Reason = Literal["breaker_open", "retries_exhausted", "park_on", "delay_too_long", "redelivered"]
 Status = Literal["parked", "dead"]
 REASONS: tuple[Reason, ...] = get_args(Reason)
 STATUSES: tuple[Status, ...] = get_args(Status)
 
-ENVELOPE_VERSION = "1"
-#: Celery's default ``accept_content``: what :func:`decode` accepts when given no list.
-DEFAULT_ACCEPT = ("json",)
 TRACEBACK_LIMIT = 8192
 #: ``task_name`` of the placeholder returned for an entry whose bytes can't be decoded.
 UNDECODABLE_TASK = "<undecodable>"
+#: ``task_name`` of the placeholder of an entry that failed the store's signature check.
+UNVERIFIED_TASK = "<unverified>"
 
 
 class UndecodableEntry(ResilienceError):
@@ -75,6 +64,9 @@ class ParkedTask:
     due_at: float
     status: Status
     dead_reason: str | None = field(default=None)
+    #: Read without the encryption key: ``args``, ``kwargs``, ``options``, ``exc_message`` and
+    #: ``traceback`` are sealed (empty here); such an entry can be listed, never published.
+    encrypted: bool = field(default=False)
 
     def __post_init__(self) -> None:
         # The one place the envelope is validated: decode relies on it for stored bytes too.
@@ -93,6 +85,8 @@ class ParkedTask:
             raise TypeError("ParkedTask.breaker must be a str or None")
         if self.dead_reason is not None and not isinstance(self.dead_reason, str):
             raise TypeError("ParkedTask.dead_reason must be a str or None")
+        if not isinstance(self.encrypted, bool):
+            raise TypeError("ParkedTask.encrypted must be a bool")
         if self.reason not in REASONS:
             raise ValueError(f"ParkedTask.reason must be one of {REASONS}, got {self.reason!r}")
         if self.status not in STATUSES:
@@ -159,16 +153,6 @@ class ParkedTask:
         return dataclasses.replace(self, **changes)
 
 
-# kombu is untyped: give its entry points the types this module relies on.
-_dumps: Callable[..., tuple[str, str, str | bytes]] = serialization.dumps
-_loads: Callable[..., object] = serialization.loads
-_prepare_accept: Callable[[Collection[str]], Collection[str]] = serialization.prepare_accept_content
-_json_loads: Callable[[bytes], object] = kombu_json.loads
-_JSON = "application/json"
-
-FIELDS = tuple(f.name for f in dataclasses.fields(ParkedTask))
-
-
 def cut_traceback(text: str, limit: int = TRACEBACK_LIMIT) -> str:
     """``text`` cut to at most ``limit`` characters, keeping the tail (the innermost frames)."""
     if len(text) <= limit:
@@ -191,11 +175,13 @@ def undecodable(
     reason: Reason = "park_on",
     parked_at: float = 0.0,
     due_at: float = 0.0,
+    code: str = "undecodable",
 ) -> ParkedTask:
-    """The placeholder shown for stored bytes that can't be decoded (they stay in the store)."""
+    """The placeholder shown for stored bytes that can't be decoded or can't be trusted
+    (``code``: the dead reason; the bytes stay in the store)."""
     return ParkedTask(
         id=entry_id,
-        task_name=UNDECODABLE_TASK,
+        task_name=UNDECODABLE_TASK if code == "undecodable" else UNVERIFIED_TASK,
         task_id="",
         args=[],
         kwargs={},
@@ -203,97 +189,18 @@ def undecodable(
         breaker=breaker,
         reason=reason,
         exc_type=_qualname(type(error)),
-        exc_message=f"entry {entry_id} can't be decoded: {error}",
+        exc_message=f"entry {entry_id} can't be {_VERB.get(code, 'decoded')}: {error}",
         traceback="",
         retries=0,
         replays=0,
         parked_at=parked_at,
         due_at=due_at,
         status="dead",
-        dead_reason="undecodable",
+        dead_reason=code,
     )
 
 
-def encode(entry: ParkedTask, serializer: str) -> bytes:
-    """``entry`` as bytes (see the module docstring); kombu's ``EncodeError`` if args can't be."""
-    body = {name: getattr(entry, name) for name in FIELDS}
-    content_type, content_encoding, payload = _dumps(body, serializer=serializer)
-    data = payload.encode(content_encoding) if isinstance(payload, str) else bytes(payload)
-    return f"{ENVELOPE_VERSION};{content_type};{content_encoding}\n".encode("ascii") + data
+_VERB = {"tampered": "trusted", "unsigned": "trusted", "undecryptable": "decrypted"}
 
-
-def accepted_content_types(accept: Collection[str] | None) -> set[str]:
-    """Serializer names or content types (like ``accept_content``) as content types."""
-    return set(_prepare_accept(DEFAULT_ACCEPT if accept is None else accept))
-
-
-def store_accept(serializer: str, accept: Collection[str] | None) -> frozenset[str]:
-    """Content types a store decodes: ``accept``, else its own serializer and JSON.
-
-    ``ConfigurationError`` when the serializer is unusable or ``accept`` would refuse what the
-    store itself writes (every entry would come back undecodable).
-    """
-    try:
-        _dumps({}, serializer=serializer)
-        own = serialization.registry.name_to_type.get(serializer, serializer)
-        allowed = accepted_content_types(
-            [serializer, *DEFAULT_ACCEPT] if accept is None else accept
-        )
-    except Exception as exc:
-        raise ConfigurationError(f"back-out serializer {serializer!r}: {exc}") from exc
-    if own not in allowed:
-        raise ConfigurationError(
-            f"back-out serializer {serializer!r} is not in accept_content {sorted(accept or ())}"
-        )
-    return frozenset(allowed)
-
-
-def decode(data: bytes, accept: Collection[str] | None = None) -> ParkedTask:
-    """The entry stored in ``data``; ``UndecodableEntry`` for anything else.
-
-    ``accept`` holds serializer names or content types (default: JSON only, as Celery); a
-    ``frozenset`` is taken as content types already (what ``store_accept`` returns).
-    """
-    allowed = accept if isinstance(accept, frozenset) else accepted_content_types(accept)
-    if not isinstance(data, (bytes, bytearray, memoryview)):
-        raise UndecodableEntry(f"expected bytes, got {type(data).__name__}")
-    header, newline, body = bytes(data).partition(b"\n")
-    try:
-        version, content_type, content_encoding = header.decode("ascii").split(";")
-    except (UnicodeDecodeError, ValueError):
-        raise UndecodableEntry("no envelope header") from None
-    if not newline or version != ENVELOPE_VERSION:
-        raise UndecodableEntry(f"unknown envelope version {version!r}")
-    if content_type not in allowed:
-        raise UndecodableEntry(f"content type {content_type!r} is not accepted ({sorted(allowed)})")
-    try:
-        if content_type == _JSON and content_encoding == "utf-8":
-            # kombu's JSON, minus its registry's lookups; the C decoder alone when no value of
-            # kombu's own types (datetime, Decimal...: marked "__type__") needs its hook.
-            fields = _json_loads(body) if b'"__type__"' in body else json.loads(body)
-        else:
-            fields = _loads(body, content_type, content_encoding, accept=allowed)
-    except Exception as exc:  # any decoder (pickle above all) can raise anything on garbage
-        raise UndecodableEntry(f"{content_type} body can't be decoded: {exc!r}") from exc
-    return _from_fields(fields)
-
-
-def _from_fields(fields: object) -> ParkedTask:
-    if not isinstance(fields, dict):
-        raise UndecodableEntry(f"body is a {type(fields).__name__}, not a mapping")
-    # Unknown fields are ignored: a newer writer may add some.
-    values = {name: fields[name] for name in FIELDS if name in fields}
-    if len(values) < len(FIELDS) - 1:  # only dead_reason may be missing (older writers)
-        missing = [name for name in FIELDS if name not in fields and name != "dead_reason"]
-        if missing:
-            raise UndecodableEntry(f"missing fields: {', '.join(missing)}")
-    if isinstance(values["args"], tuple):  # serializers that keep tuples (pickle, yaml)
-        values["args"] = list(values["args"])
-    try:
-        for name in ("parked_at", "due_at"):
-            value = values[name]
-            if type(value) is not float and _is_number(value):
-                values[name] = float(value)
-        return ParkedTask(**values)
-    except (TypeError, ValueError, OverflowError) as exc:
-        raise UndecodableEntry(str(exc)) from exc
+#: The fields an entry's body holds (``encrypted`` says how it was read: never stored).
+FIELDS = tuple(f.name for f in dataclasses.fields(ParkedTask) if f.name != "encrypted")

@@ -9,10 +9,11 @@ import builtins
 import math
 import threading
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from .entry import ParkedTask, encode, store_accept
+from .codec import Codec
+from .entry import ParkedTask
 from .store import (
     ANY,
     Filter,
@@ -45,19 +46,19 @@ class MemoryBackoutStore:
         dead_ttl: float | None = None,
         clock: Callable[[], float] = time.time,
         serializer: str = "json",
-        accept: Collection[str] | None = None,
+        codec: Codec | None = None,
     ) -> None:
         self.max_entries = max_entries
         self.dead_ttl = dead_ttl
         self.clock = clock
-        self.serializer = serializer
-        self.accept = store_accept(serializer, accept)
+        self.codec = codec or Codec(serializer)
+        self.serializer = self.codec.serializer
         self._records: dict[str, _Record] = {}
         self._stats: dict[str, float] = {}
         self._lock = threading.Lock()
 
     def park(self, entry: ParkedTask) -> None:
-        data = encode(entry, self.serializer)
+        data = self.codec.encode(entry)
         with self._lock:
             if entry.id in self._records:
                 return
@@ -131,6 +132,20 @@ class MemoryBackoutStore:
                 del self._records[entry_id]
         return len(doomed)
 
+    def payloads(self, offset: int, limit: int) -> builtins.list[tuple[str, bytes]]:
+        check_page(limit, offset)
+        with self._lock:
+            ordered = sorted(self._records.items(), key=lambda i: (i[1].parked_at, i[0]))
+            return [(i, r.data) for i, r in reversed(ordered)][offset : offset + limit]
+
+    def rewrite(self, entry_id: str, old: bytes, new: bytes) -> bool:
+        with self._lock:
+            record = self._records.get(entry_id)
+            if record is None or record.data != old:
+                return False
+            record.data = new
+            return True
+
     def stats(self) -> dict[str, float]:
         with self._lock:
             return dict(self._stats)
@@ -186,7 +201,7 @@ class MemoryBackoutStore:
             )
 
     def _read(self, entry_id: str, record: _Record) -> ParkedTask:
-        return read_entry(entry_id, record.data, record.meta, record.parked_at, self.accept)
+        return read_entry(entry_id, record.data, record.meta, record.parked_at, self.codec)
 
     def _put_raw(
         self,

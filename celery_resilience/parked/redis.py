@@ -7,24 +7,24 @@ The key layout is in ``redis_keys.py``; the drain's side (claim, ack, release) i
 from __future__ import annotations
 
 import builtins
-import time
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from typing import cast
 
 import redis
 
 from ..errors import ConfigurationError
 from ..redis_io import NotReplicated, call_replicated, load_script, unavailable
-from .entry import ParkedTask, encode, store_accept
+from .codec import Codec
+from .entry import ParkedTask
 from .redis_claims import RedisClaims
 from .redis_keys import BackoutKeys
+from .redis_raw import RedisRaw
 from .store import (
     ANY,
     NO_BREAKER,
     Filter,
     Meta,
     StoreFull,
-    breaker_key,
     check_dead_reason,
     check_page,
     count_in,
@@ -38,7 +38,7 @@ _PAGE = 500
 _RETRIES = 3
 
 
-class RedisBackoutStore(RedisClaims):
+class RedisBackoutStore(RedisClaims, RedisRaw):
     """The back-out store shared by every worker that uses ``prefix`` on this Redis."""
 
     def __init__(
@@ -46,7 +46,7 @@ class RedisBackoutStore(RedisClaims):
         client: redis.Redis,
         prefix: str,
         serializer: str = "json",
-        accept: Collection[str] | None = None,
+        codec: Codec | None = None,
         max_entries: int = 1_000_000,
         dead_ttl: float | None = None,
         replicas: int = 0,
@@ -58,8 +58,9 @@ class RedisBackoutStore(RedisClaims):
             )
         self.client = client
         self.keys = BackoutKeys.for_prefix(prefix)
-        self.serializer = serializer
-        self.accept = store_accept(serializer, accept)
+        #: Writes and reads entries: the serializer, signing and encryption keys.
+        self.codec = codec or Codec(serializer)
+        self.serializer = self.codec.serializer
         self.max_entries = max_entries
         self.dead_ttl = dead_ttl
         #: Replicas that must hold an entry (``WAIT``) before ``park`` returns; 0: none.
@@ -70,11 +71,12 @@ class RedisBackoutStore(RedisClaims):
         self._expire_dead = load_script(client, __package__, "expire_dead")
         self._claim = load_script(client, __package__, "claim")
         self._release = load_script(client, __package__, "release")
+        self._rewrite = load_script(client, __package__, "rewrite")
 
     # -- writes ---------------------------------------------------------------------------
 
     def park(self, entry: ParkedTask) -> None:
-        data = encode(entry, self.serializer)
+        data = self.codec.encode(entry)
         meta = Meta.of(entry)
         with unavailable("back-out store"):
             try:
@@ -208,7 +210,7 @@ class RedisBackoutStore(RedisClaims):
             data, meta, parked_at = pipe.execute()
         if data is None or meta is None:
             return None
-        return read_entry(entry_id, data, Meta.decode(meta), parked_at or 0.0, self.accept)
+        return read_entry(entry_id, data, Meta.decode(meta), parked_at or 0.0, self.codec)
 
     def count(self, where: Filter = ANY) -> int:
         if where.reason is None:
@@ -264,7 +266,7 @@ class RedisBackoutStore(RedisClaims):
         pipe.hmget(self.keys.meta, names)
         payloads, metas = pipe.execute()
         return [
-            read_entry(entry_id, data, Meta.decode(meta), parked_at, self.accept)
+            read_entry(entry_id, data, Meta.decode(meta), parked_at, self.codec)
             for (entry_id, parked_at), data, meta in zip(ids, payloads, metas, strict=True)
             if data is not None and meta is not None
         ]
@@ -279,22 +281,3 @@ class RedisBackoutStore(RedisClaims):
         with unavailable("back-out store"):
             raw = cast(dict[bytes, bytes], self.client.hgetall(self.keys.counts))
         return {k.decode(): int(v) for k, v in raw.items()}
-
-    # -- tests only -----------------------------------------------------------------------
-
-    def _put_raw(
-        self,
-        entry_id: str,
-        data: bytes,
-        *,
-        breaker: str | None = None,
-        reason: str = "park_on",
-        parked_at: float | None = None,
-    ) -> None:
-        """Store raw payload bytes (replacing an entry's, or as a new parked entry): tests only."""
-        if self.client.hexists(self.keys.meta, entry_id):
-            self.client.hset(self.keys.entries, entry_id, data)
-            return
-        meta = Meta(breaker_key(breaker), "parked", reason)  # type: ignore[arg-type]
-        when = time.time() if parked_at is None else parked_at
-        self._put(entry_id, data, meta, when, when, 2**62)

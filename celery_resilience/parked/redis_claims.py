@@ -13,6 +13,7 @@ from typing import Any
 import redis
 
 from ..redis_io import redis_time, unavailable
+from .codec import Codec
 from .entry import ParkedTask
 from .redis_keys import BackoutKeys
 from .store import Meta, read_entry
@@ -23,7 +24,7 @@ class RedisClaims:
 
     client: redis.Redis
     keys: BackoutKeys
-    accept: frozenset[str]
+    codec: Codec
     _claim: Any
     _release: Any
 
@@ -47,7 +48,7 @@ class RedisClaims:
         claimed = []
         for head, data in zip(flat[::2], flat[1::2], strict=True):
             entry_id, _, meta = head.partition(b"\n")
-            claimed.append(read_entry(entry_id.decode(), data, Meta.decode(meta), 0.0, self.accept))
+            claimed.append(read_entry(entry_id.decode(), data, Meta.decode(meta), 0.0, self.codec))
         return claimed
 
     def ack(self, breaker: str, entry_ids: Sequence[str]) -> int:

@@ -8,21 +8,14 @@ filtered, marked dead and deleted. Reads overlay the stored status on the decode
 from __future__ import annotations
 
 import builtins
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from ..errors import ResilienceError
-from .entry import (
-    REASONS,
-    STATUSES,
-    ParkedTask,
-    Reason,
-    Status,
-    UndecodableEntry,
-    decode,
-    undecodable,
-)
+from .codec import Codec
+from .entry import REASONS, STATUSES, ParkedTask, Reason, Status, UndecodableEntry, undecodable
+from .trust import TAMPERED, Untrusted
 
 #: Internal breaker name of entries parked without a breaker. ``ParkedTask.breaker`` reports
 #: them as ``None``; ``breakers()`` lists the group as ``NO_BREAKER`` and the ``breaker`` filter
@@ -113,6 +106,13 @@ class EntryStore(Protocol):
 
     def expire_dead(self) -> int:
         """Remove entries dead for longer than ``dead_ttl`` (none when unset); the number."""
+
+    def payloads(self, offset: int, limit: int) -> builtins.list[tuple[str, bytes]]:
+        """Stored bytes of up to ``limit`` entries from ``offset``, in a stable order (the key
+        rotation command pages through them)."""
+
+    def rewrite(self, entry_id: str, old: bytes, new: bytes) -> bool:
+        """Replace an entry's bytes with ``new`` if they still are ``old``; whether it did."""
 
 
 class Claims(Protocol):
@@ -255,13 +255,23 @@ def read_entry(
     data: bytes,
     meta: Meta,
     parked_at: float,
-    accept: Collection[str],
+    codec: Codec,
 ) -> ParkedTask:
-    """The stored entry with its stored status, or the placeholder if it can't be decoded."""
+    """The stored entry with its stored status, or the placeholder if it can't be decoded or
+    trusted (its dead reason says which: ``undecodable``, ``tampered``, ``unsigned``...).
+
+    With signing on, meta (not signed: the store's scripts rewrite it) must agree with the
+    signed payload on what decides whether the drain sends it: breaker and reason.
+    """
     try:
-        entry = decode(data, accept)
+        entry = codec.decode(data, entry_id)
         if entry.id != entry_id:
             raise UndecodableEntry(f"payload belongs to entry {entry.id}")
+        if codec.signer is not None and (meta.breaker, meta.reason) != (
+            breaker_key(entry.breaker),
+            entry.reason,
+        ):
+            raise Untrusted(TAMPERED, "its breaker or reason was changed beside it")
     except UndecodableEntry as exc:
         breaker = None if meta.breaker == NO_BREAKER else meta.breaker
         return undecodable(
@@ -271,6 +281,7 @@ def read_entry(
             reason=meta.reason,
             parked_at=parked_at,
             due_at=parked_at,
+            code=exc.code if isinstance(exc, Untrusted) else "undecodable",
         )
     if (entry.status, entry.dead_reason) != (meta.status, meta.dead_reason):
         entry = entry.replace(status=meta.status, dead_reason=meta.dead_reason)

@@ -24,6 +24,7 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.html import format_html
 
+from ...parked.codec import Codec
 from . import actions
 from .admin_breakers import BreakerAdmin
 from .admin_store import StoreEntryAdmin
@@ -93,12 +94,10 @@ class ParkedTaskRecordAdmin(admin.ModelAdmin):  # type: ignore[misc]  # Django i
         return str(format_html('<span title="{}">{}</span>', when(record.due_at), text))
 
     def _store(self, using: str) -> DjangoBackoutStore:
-        """The app's database store on ``using`` (its serializer and accept list)."""
+        """The app's database store on ``using`` (its serializer and keys)."""
         try:
             app = resilience()
-            return DjangoBackoutStore(
-                app.config.serializer, app.app.conf.accept_content, using=using
-            )
+            return DjangoBackoutStore(codec=Codec.of(app.config), using=using)
         except Exception:  # no usable Celery app: decode as Celery's defaults would (JSON)
             return DjangoBackoutStore(using=using)
 

@@ -20,6 +20,9 @@ DISCARD = "discard"
 ACTIONS = ((REPLAY, "Replay now"), (DISCARD, "Discard"))
 #: Characters of an id a list shows.
 SHORT = 8
+#: Shown in place of what an encryption key this process does not have sealed.
+ENCRYPTED = "encrypted (this process has no key that opens it)"
+SEALED_LABELS = ("Args", "Kwargs", "Options", "Exception", "Traceback")
 
 
 def when(seconds: float | None) -> str:
@@ -98,7 +101,9 @@ def summary(entry: ParkedTask, now: float) -> dict[str, Any]:
         "due_at": when(entry.due_at),
         "due": due(entry.status, entry.reason, entry.due_at, now),
         "exc_type": entry.exc_type,
-        "exc_message": Truncator(entry.exc_message or "").chars(200),
+        "exc_message": ENCRYPTED
+        if entry.encrypted
+        else Truncator(entry.exc_message or "").chars(200),
     }
 
 
@@ -118,6 +123,12 @@ def details(entry: ParkedTask, *extra: tuple[str, str]) -> list[tuple[str, str, 
         ("Replays", str(entry.replays)),
         *extra,
     ]
+    if entry.encrypted:  # read without the encryption key: say so, show nothing sealed
+        blocks = [(label, ENCRYPTED) for label in SEALED_LABELS]
+        blocks[3] = ("Exception", f"{entry.exc_type}: {ENCRYPTED}" if entry.exc_type else "—")
+        return [(label, text, False) for label, text in rows] + [
+            (label, text, True) for label, text in blocks
+        ]
     blocks = [
         ("Args", pretty(entry.args)),
         ("Kwargs", pretty(entry.kwargs)),

@@ -21,21 +21,14 @@ from __future__ import annotations
 
 import builtins
 import time
-from collections.abc import Collection
 from typing import TYPE_CHECKING, Any, cast
 
 from django.db import IntegrityError, transaction
 from django.db.models import F
 
 from ...errors import ConfigurationError
-from ...parked.entry import (
-    UNDECODABLE_TASK,
-    ParkedTask,
-    Reason,
-    Status,
-    encode,
-    store_accept,
-)
+from ...parked.codec import Codec
+from ...parked.entry import UNDECODABLE_TASK, ParkedTask, Reason, Status
 from ...parked.store import (
     ANY,
     Filter,
@@ -62,7 +55,7 @@ class DjangoBackoutStore(DjangoClaims):
     def __init__(
         self,
         serializer: str = "json",
-        accept: Collection[str] | None = None,
+        codec: Codec | None = None,
         max_entries: int = 1_000_000,
         dead_ttl: float | None = None,
         using: str = "default",
@@ -76,8 +69,8 @@ class DjangoBackoutStore(DjangoClaims):
             )
         from .models import ParkedTaskRecord, ResilienceStat
 
-        self.serializer = serializer
-        self.accept = store_accept(serializer, accept)
+        self.codec = codec or Codec(serializer)
+        self.serializer = self.codec.serializer
         self.max_entries = max_entries
         self.dead_ttl = dead_ttl
         self.using = using
@@ -94,7 +87,7 @@ class DjangoBackoutStore(DjangoClaims):
     # -- writes ---------------------------------------------------------------------------
 
     def park(self, entry: ParkedTask) -> None:
-        data = encode(entry, self.serializer)
+        data = self.codec.encode(entry)
         meta = Meta.of(entry)
         with reachable(), transaction.atomic(using=self.using):
             self._lock("park")
@@ -198,6 +191,17 @@ class DjangoBackoutStore(DjangoClaims):
             page = list(rows.values_list(*COLUMNS)[offset : offset + limit])
         return [self._read(row) for row in page]
 
+    def payloads(self, offset: int, limit: int) -> builtins.list[tuple[str, bytes]]:
+        check_page(limit, offset)
+        rows = self._rows().order_by("-parked_at", "-id").values_list("id", "payload")
+        with reachable():
+            return [(i, bytes(p)) for i, p in rows[offset : offset + limit]]
+
+    def rewrite(self, entry_id: str, old: bytes, new: bytes) -> bool:
+        # One UPDATE that matches the bytes read: a compare-and-set, as rewrite.lua.
+        with reachable():
+            return bool(self._rows().filter(pk=entry_id, payload=old).update(payload=new))
+
     def read_record(self, record: Any) -> ParkedTask:
         """The entry of a ``ParkedTaskRecord`` (the admin), a placeholder if undecodable."""
         return self._read(tuple(getattr(record, c) for c in COLUMNS))
@@ -206,7 +210,7 @@ class DjangoBackoutStore(DjangoClaims):
         """The entry of a row of ``COLUMNS``."""
         entry_id, payload, breaker, status, reason, dead_reason, parked_at = row
         meta = Meta(breaker, cast(Status, status), cast(Reason, reason), dead_reason or None)
-        return read_entry(entry_id, bytes(payload), meta, parked_at, self.accept)
+        return read_entry(entry_id, bytes(payload), meta, parked_at, self.codec)
 
     # -- tests only -----------------------------------------------------------------------
 
@@ -240,8 +244,7 @@ def make_store(runtime: Runtime) -> DjangoBackoutStore:
     """The store of ``resilience_backout_store = "django"``, on the ``default`` database."""
     config = runtime.config
     return DjangoBackoutStore(
-        serializer=config.serializer,
-        accept=runtime.app.conf.accept_content,
+        codec=Codec.of(config),
         max_entries=config.backout_max_entries,
         dead_ttl=config.dead_ttl,
     )

@@ -1,0 +1,88 @@
+"""The back-out store's trust settings: its serializer (from an allow-list), the signing keys
+and the encryption keys. No key is ever part of an error message."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ..errors import ConfigurationError
+from .values import _bad
+
+#: Serializers the store may write with; pickle only when ``resilience_serializer`` names it.
+SAFE_SERIALIZERS = ("json", "msgpack")
+PICKLE = "pickle"
+#: Shortest signing key accepted (bytes): an HMAC key shorter than this is guessable.
+MIN_SIGNING_KEY = 16
+
+Keys = tuple[str | bytes, ...]
+
+
+def serializer(named: Any, task_serializer: Any) -> str:
+    """``resilience_serializer`` if set (JSON, msgpack or, named explicitly, pickle), else the
+    app's ``task_serializer`` when it is a safe one, else JSON. ``accept_content`` plays no part:
+    the store reads back only what it wrote."""
+    if named is None or named == "":
+        return task_serializer if task_serializer in SAFE_SERIALIZERS else "json"
+    if named not in (*SAFE_SERIALIZERS, PICKLE):
+        raise _bad("resilience_serializer", named, "one of 'json', 'msgpack', 'pickle'")
+    return str(named)
+
+
+def _keys(setting: str, value: Any) -> Keys:
+    if value is None or value in ("", b""):
+        return ()
+    values = [value] if isinstance(value, (str, bytes)) else value
+    if not isinstance(values, Sequence) or not values:
+        raise ConfigurationError(f"{setting} must be a secret string or a non-empty list of them")
+    for position, key in enumerate(values):
+        if not isinstance(key, (str, bytes)) or not key:
+            raise ConfigurationError(
+                f"{setting}: key #{position + 1} must be a non-empty string "
+                f"(got a {type(key).__name__})"
+            )
+    return tuple(values)
+
+
+def signing_keys(value: Any) -> Keys:
+    """``resilience_signing_key``: a secret or a list (the first signs, all verify)."""
+    keys = _keys("resilience_signing_key", value)
+    for position, key in enumerate(keys):
+        size = len(key if isinstance(key, bytes) else key.encode())
+        if size < MIN_SIGNING_KEY:
+            raise ConfigurationError(
+                f"resilience_signing_key: key #{position + 1} is {size} bytes long, "
+                f"fewer than {MIN_SIGNING_KEY}"
+            )
+    return keys
+
+
+def encryption_keys(value: Any) -> Keys:
+    """``resilience_encryption_key``: Fernet keys (the first encrypts, all decrypt)."""
+    keys = _keys("resilience_encryption_key", value)
+    if keys:
+        multi_fernet("resilience_encryption_key", keys)  # fails now, at start
+    return keys
+
+
+def multi_fernet(setting: str, keys: Sequence[str | bytes]) -> Any:
+    """A ``MultiFernet`` of ``keys``; ``ConfigurationError`` naming ``setting``, never a key."""
+    try:
+        from cryptography.fernet import Fernet, MultiFernet
+    except ImportError:
+        raise ConfigurationError(
+            f"{setting} needs the 'cryptography' package: "
+            "pip install 'celery-resilience[encryption]'"
+        ) from None
+    fernets = []
+    for position, key in enumerate(keys):
+        try:
+            fernets.append(Fernet(key if isinstance(key, bytes) else key.encode()))
+        except (ValueError, TypeError):
+            raise ConfigurationError(
+                f"{setting}: key #{position + 1} is not a Fernet key (32 url-safe base64-encoded "
+                "bytes, as Fernet.generate_key() makes)"
+            ) from None
+    if not fernets:
+        raise ConfigurationError(f"{setting} holds no key")
+    return MultiFernet(fernets)
