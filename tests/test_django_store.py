@@ -262,7 +262,7 @@ def test_make_store_takes_the_apps_settings(alias: str) -> None:
     store = make_store(Resilience(app))
     assert (store.serializer, store.max_entries, store.dead_ttl) == ("pickle", 5, 60.0)
     assert store.using == "default"
-    assert "application/x-python-serialize" in store.accept
+    assert "pickle" in store.codec.readable
     app.close()
 
 
