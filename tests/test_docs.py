@@ -336,7 +336,7 @@ def test_every_cli_command_has_its_section() -> None:
     from celery_resilience.cli import resilience
 
     text = (DOCS / "operations.rst").read_text()
-    documented = set(re.findall(r"^\.\. _cli-(\w+):$", text, re.MULTILINE))
+    documented = set(re.findall(r"^\.\. _cli-([\w-]+):$", text, re.MULTILINE))
     assert documented == set(resilience.commands)
 
 

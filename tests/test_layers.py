@@ -50,6 +50,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "drain",
             "checks",
             "metrics",
+            "rekey",
         ),
     ),
     (

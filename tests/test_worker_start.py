@@ -35,8 +35,8 @@ BAD = {
         "resilience_breakers['dep']['failure_threshold'] must be an integer >= 1"
     ),
     # Accepted by the store's own check only when it first parked, in 0.1.0: every task failed.
-    'app.conf.resilience_serializer = "pickle"': (
-        "resilience_serializer 'pickle' is not in accept_content ['json']"
+    'app.conf.resilience_serializer = "yaml"': (
+        "resilience_serializer must be one of 'json', 'msgpack', 'pickle', got 'yaml'"
     ),
     'app.conf.resilience_backout_store = "no.such.module.make_store"': (
         "resilience_backout_store must be 'redis', 'django' or the dotted path of an "

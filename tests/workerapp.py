@@ -67,6 +67,9 @@ def settings(env: Mapping[str, str]) -> dict[str, Any]:
         # The time limits of ``workerapp.hang`` (soft) and ``workerapp.stuck`` (hard).
         "soft_time_limit": float(env.get("WORKERAPP_SOFT_TIME_LIMIT", "1")),
         "time_limit": float(env.get("WORKERAPP_TIME_LIMIT", "2")),
+        # The back-out store's keys (resilience_signing_key, resilience_encryption_key).
+        "signing_key": env.get("WORKERAPP_SIGNING_KEY"),
+        "encryption_key": env.get("WORKERAPP_ENCRYPTION_KEY"),
     }
 
 
@@ -121,6 +124,8 @@ def make_app(env: Mapping[str, str]) -> Celery:
         app.conf.resilience_serializer = "msgpack"
     if s["max_countdown"] is not None:
         app.conf.resilience_max_countdown = s["max_countdown"]
+    app.conf.resilience_signing_key = s["signing_key"]
+    app.conf.resilience_encryption_key = s["encryption_key"]
     define_tasks(app, s)
     return app
 

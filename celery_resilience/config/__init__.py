@@ -121,6 +121,16 @@ class ResilienceConfig:
     encryption_keys: Keys = field(default=(), repr=False)
 
     @property
+    def signing_key(self) -> list[str | bytes] | None:
+        """``resilience_signing_key`` as set (``None``: entries are not signed)."""
+        return list(self.signing_keys) or None
+
+    @property
+    def encryption_key(self) -> list[str | bytes] | None:
+        """``resilience_encryption_key`` as set (``None``: arguments are stored in clear)."""
+        return list(self.encryption_keys) or None
+
+    @property
     def in_memory(self) -> bool:
         return self.redis_url == MEMORY_URL
 

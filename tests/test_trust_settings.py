@@ -1,0 +1,78 @@
+"""The trust settings: serializer allow-list, signing and encryption keys (no key in errors)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from celery import Celery
+from cryptography.fernet import Fernet
+
+from celery_resilience import ConfigurationError, Resilience
+from celery_resilience.checks import run_checks
+from celery_resilience.config import ResilienceConfig
+
+SECRET = "do-not-print-this-secret"
+
+
+def config(**settings: Any) -> ResilienceConfig:
+    app = Celery("trust-settings", broker="redis://127.0.0.1:6379/15", set_as_current=False)
+    app.conf.update({f"resilience_{k}": v for k, v in settings.items()})
+    return ResilienceConfig.from_app(app)
+
+
+def test_the_serializer_comes_from_an_allow_list_whatever_accept_content_says() -> None:
+    assert config().serializer == "json"
+    assert config(serializer="msgpack").serializer == "msgpack"
+    assert config(serializer="pickle").serializer == "pickle"  # named: allowed, with a warning
+    with pytest.raises(ConfigurationError, match="resilience_serializer must be one of"):
+        config(serializer="yaml")
+
+
+def test_pickle_as_task_serializer_does_not_make_the_store_unpickle() -> None:
+    app = Celery("t", broker="redis://127.0.0.1:6379/15", set_as_current=False)
+    app.conf.task_serializer = "pickle"
+    app.conf.accept_content = ["json", "pickle"]
+    assert ResilienceConfig.from_app(app).serializer == "json"
+    app.conf.task_serializer = "msgpack"
+    assert ResilienceConfig.from_app(app).serializer == "msgpack"
+
+
+def test_keys_take_one_secret_or_a_list_and_never_show_in_a_repr() -> None:
+    key = Fernet.generate_key().decode()
+    one = config(signing_key=SECRET, encryption_key=key)
+    assert (one.signing_keys, one.encryption_keys) == ((SECRET,), (key,))
+    many = config(signing_key=[SECRET, SECRET + "-old"])
+    assert many.signing_keys == (SECRET, SECRET + "-old")
+    assert SECRET not in repr(many) and key not in repr(one)
+    assert config(signing_key=None).signing_keys == ()
+
+
+@pytest.mark.parametrize(
+    ("settings", "match"),
+    [
+        ({"signing_key": "short"}, "resilience_signing_key: key #1 is 5 bytes long"),
+        ({"signing_key": [SECRET, 5]}, "resilience_signing_key: key #2 must be a non-empty"),
+        ({"signing_key": []}, "resilience_signing_key must be a secret string"),
+        ({"encryption_key": SECRET}, "resilience_encryption_key: key #1 is not a Fernet key"),
+        ({"encryption_key": [Fernet.generate_key(), SECRET]}, "key #2 is not a Fernet key"),
+    ],
+)
+def test_a_bad_key_names_the_setting_and_never_the_key(
+    settings: dict[str, Any], match: str
+) -> None:
+    with pytest.raises(ConfigurationError, match=match) as raised:
+        config(**settings)
+    assert SECRET not in str(raised.value)
+
+
+def test_a_pickle_store_is_a_start_up_warning() -> None:
+    app = Celery("t", broker="redis://127.0.0.1:6379/15", set_as_current=False)
+    app.conf.resilience_serializer = "pickle"
+    res = Resilience(app)
+    try:
+        findings = [f for f in run_checks(res.runtime) if "pickle" in f.message]
+    finally:
+        res.close()
+    assert [f.level for f in findings] == ["warning"]
+    assert "resilience_signing_key" in findings[0].message
