@@ -17,7 +17,11 @@ from celery_resilience.parked import Codec, ParkedTask, RedisBackoutStore
 from celery_resilience.parked.entry import UNVERIFIED_TASK
 from celery_resilience.parked.trust import Untrusted
 from celery_resilience.rekey import rekey
-from tests.test_backout_store import MakeStore, entry, make_store, raw  # noqa: F401
+from tests import test_backout_store as contract
+from tests.test_backout_store import MakeStore, entry, raw
+
+#: The contract suite's fixture: the memory, Redis, SQLite and PostgreSQL stores.
+make_store = contract.make_store
 
 KEY = "k1-" + "s" * 30
 OTHER_KEY = "k2-" + "t" * 30
@@ -67,7 +71,7 @@ def test_an_altered_payload_reads_as_a_dead_tampered_placeholder(make_store: Mak
     got = store.get(e.id)
     assert got is not None
     assert (got.task_name, got.status, got.dead_reason) == (UNVERIFIED_TASK, "dead", "tampered")
-    assert got.args == [] and got.kwargs == {} and got.options == {}
+    assert (got.args, got.kwargs, got.options) == ([], {}, {})
     assert "A-9" not in got.exc_message
 
 
@@ -129,12 +133,14 @@ def test_sealed_entries_read_whole_with_the_key_and_encrypted_without(
     e = secret_entry()
     sealing.park(e)
     stored = raw(sealing, e.id)
-    assert stored is not None and SECRET.encode() not in stored
+    assert stored is not None
+    assert SECRET.encode() not in stored
     assert sealing.get(e.id) == e
     blind = make_store(codec=signed())  # verifies the signature, has no encryption key
     put(blind, e, stored)
     got = blind.get(e.id)
-    assert got is not None and got.encrypted
+    assert got is not None
+    assert got.encrypted
     assert (got.task_name, got.task_id, got.status) == (e.task_name, e.task_id, "parked")
     assert (got.args, got.kwargs, got.options, got.exc_message) == ([], {}, {}, "")
 

@@ -16,16 +16,11 @@ from celery import Celery
 from celery_resilience import ParkedTask, Resilience
 from celery_resilience.metrics import ResilienceCollector
 from celery_resilience.parked import Codec, Filter
-from tests import django_settings
-from tests.test_drain import (  # noqa: F401  (fixtures)
-    TASK,
-    MakeResilience,
-    charge,
-    make_resilience,
-    queue,
-    sent,
-    sent_ids,
-)
+from tests import django_settings, test_drain
+from tests.test_drain import TASK, MakeResilience, charge, sent, sent_ids
+
+#: The drain suite's fixtures: an app with its own queue and key prefix.
+make_resilience, queue = test_drain.make_resilience, test_drain.queue
 
 KEY = "drain-signing-key-" + "x" * 20
 FORGER_KEY = "not-the-key-" + "y" * 20
@@ -148,7 +143,8 @@ def test_a_replay_on_demand_refuses_and_quarantines_a_forged_entry(
         res.backout.replay(forged.id)
     assert sent_ids(redis_client, queue) == []
     got = res.backout.get(forged.id)
-    assert got is not None and got.status == "dead"
+    assert got is not None
+    assert got.status == "dead"
     assert res.backout.count(status="dead") == 1  # quarantined in the store, not just shown
 
 

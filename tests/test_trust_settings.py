@@ -44,7 +44,8 @@ def test_keys_take_one_secret_or_a_list_and_never_show_in_a_repr() -> None:
     assert (one.signing_keys, one.encryption_keys) == ((SECRET,), (key,))
     many = config(signing_key=[SECRET, SECRET + "-old"])
     assert many.signing_keys == (SECRET, SECRET + "-old")
-    assert SECRET not in repr(many) and key not in repr(one)
+    assert SECRET not in repr(many)
+    assert key not in repr(one)
     assert config(signing_key=None).signing_keys == ()
 
 
