@@ -17,7 +17,14 @@ keys under ``<prefix>:broker:`` through kombu's ``global_keyprefix``):
    no-op, so 2 - 3 is what the events cost;
 4. drain, publish off: the same with ``celery_resilience.sending.publish`` a no-op as well: what
    the claim, the checks of each entry and the ack cost;
-5. store claim + ack alone: ``claim`` a batch and ``ack`` it, in a loop, without a drain.
+5. store claim + ack alone: ``claim`` a batch and ``ack`` it, in a loop, without a drain;
+6. drain, signed + encrypted: phase 2 with ``resilience_signing_key`` and
+   ``resilience_encryption_key`` set (its own key prefix, same queue): every entry verified
+   (HMAC-SHA256) and its arguments decrypted (Fernet) before it is published.
+
+Parking is timed too (the N ``store.park`` calls before phases 2 and 6: one round trip each),
+and the codec alone (encode and decode of one entry, no Redis) with no keys, signing only,
+encryption only and both: what the keys cost per park and per drained entry.
 
 Each drain phase checks that the store ended empty and the queue holds N new messages. No worker
 consumes the queue; it is emptied between phases. A short untimed warm-up comes first; then the
@@ -52,6 +59,11 @@ import celery_resilience.drain as drain_module
 import celery_resilience.sending as sending_module
 from celery_resilience import ParkedTask, Resilience
 from celery_resilience.events import ReplayEvents
+from celery_resilience.parked import Codec
+
+#: Keys of the signed + encrypted phase (a fixed Fernet key: the benchmark stores no secret).
+SIGNING_KEY = "bench-signing-key-0123456789abcdef"
+ENCRYPTION_KEY = "0" * 43 + "="
 
 TASK = "bench.drain_target"
 BATCH = 500
@@ -78,7 +90,9 @@ def best(rounds: list[Row]) -> Row:
     return Row(fastest.label, fastest.tasks, fastest.seconds, cpu, slowest / fastest.seconds)
 
 
-def make_app(broker_url: str, prefix: str, queue: str) -> Celery:
+def make_app(
+    broker_url: str, prefix: str, queue: str, keys: bool = False, store_prefix: str = ""
+) -> Celery:
     app = Celery(f"bench-drain-{prefix}", set_as_current=False)
     app.conf.update(
         broker_url=broker_url,
@@ -89,12 +103,15 @@ def make_app(broker_url: str, prefix: str, queue: str) -> Celery:
         result_backend=None,
         worker_enable_remote_control=False,
         resilience_redis_url=broker_url,
-        resilience_key_prefix=prefix,
+        resilience_key_prefix=store_prefix or prefix,
         resilience_breakers={"bench": {}},
         resilience_drain_rate=1e9,  # never the limit
         resilience_drain_batch=BATCH,
         resilience_max_replays=1_000,
     )
+    if keys:
+        app.conf.resilience_signing_key = SIGNING_KEY
+        app.conf.resilience_encryption_key = ENCRYPTION_KEY
 
     @app.task(name=TASK, shared=False)
     def target(i: int) -> None:
@@ -130,6 +147,12 @@ class Bench:
         self.app = make_app(broker_url, self.prefix, self.queue)
         self.resilience = Resilience(self.app)
         self.store = self.resilience.backout_store
+        # Same queue, a key prefix of its own: entries signed and sealed.
+        self.keyed_app = make_app(
+            broker_url, self.prefix, self.queue, keys=True, store_prefix=f"{self.prefix}-k"
+        )
+        self.keyed = Resilience(self.keyed_app)
+        self.parks: dict[bool, list[float]] = {False: [], True: []}  # seconds per park phase
         self.client = redis.Redis.from_url(broker_url)
         self.queue_key = f"{self.prefix}:broker:{self.queue}"
         self.serial = 0
@@ -156,11 +179,14 @@ class Bench:
         self.empty_queue()
         return Row("raw send_task, one producer", n, seconds, cpu)
 
-    def park(self, n: int) -> None:
-        now = self.resilience.now() - 1.0  # due at once
+    def park(self, n: int, keyed: bool = False) -> None:
+        res = self.keyed if keyed else self.resilience
+        store = res.backout_store
+        now = res.now() - 1.0  # due at once
         serial, self.serial = self.serial, self.serial + 1
+        started = time.perf_counter()
         for i in range(n):
-            self.store.park(
+            store.park(
                 ParkedTask.new(
                     task_name=TASK,
                     task_id=f"{self.prefix}-parked-{serial}-{i}",
@@ -172,17 +198,19 @@ class Bench:
                     due_at=now,
                 )
             )
+        self.parks[keyed].append((time.perf_counter() - started) / n)
 
-    def drain(self, n: int, label: str, publishes: bool = True) -> Row:
-        self.park(n)
-        assert self.store.count() == n, "parking lost entries"
+    def drain(self, n: int, label: str, publishes: bool = True, keyed: bool = False) -> Row:
+        res = self.keyed if keyed else self.resilience
+        self.park(n, keyed)
+        assert res.backout_store.count() == n, "parking lost entries"
         before = self.queued()
         started, cpu = time.perf_counter(), time.process_time()
-        report = self.resilience.drain()
+        report = res.drain()
         seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
         assert report.replayed == n, report
         assert not report.errors, report
-        assert self.store.count() == 0, "drain left entries behind"
+        assert res.backout_store.count() == 0, "drain left entries behind"
         if publishes:
             assert self.queued() - before == n, "drain lost messages"
         self.empty_queue()
@@ -194,13 +222,16 @@ class Bench:
         self.drain(WARMUP, "warm-up")
         with patched(drain_module, "replay_dispatcher", _no_events):
             self.drain(WARMUP, "warm-up")
-        phases: list[list[Row]] = [[], [], [], [], []]
+        self.drain(WARMUP, "warm-up", keyed=True)
+        self.parks = {False: [], True: []}
+        phases: list[list[Row]] = [[], [], [], [], [], []]
         runs = [
             lambda: self.raw(n),
             lambda: self.drain(n, "drain, task-replayed events on"),
             lambda: self.drain_without_events(n),
             lambda: self.drain_store_only(n),
             lambda: self.claim_and_ack(n),
+            lambda: self.drain(n, "drain, signed + encrypted", keyed=True),
         ]
         for round_ in range(rounds):
             # The phases of a round run back to back, in a rotating order: a machine that
@@ -234,6 +265,8 @@ class Bench:
         return Row("store claim + ack alone", n, seconds, cpu)
 
     def cleanup(self) -> None:
+        self.resilience.close()
+        self.keyed.close()
         for pattern in (f"{self.prefix}*", f"{{{self.prefix}*"):
             found = list(self.client.scan_iter(match=pattern, count=1000))
             if found:
@@ -249,8 +282,74 @@ def round_ratios(rounds: list[list[Row]]) -> list[float]:
     ]
 
 
-def report(rows: list[Row], n: int, rounds: int, broker_url: str, by_round: list[float]) -> str:
-    raw, on, off, store_only, store_ops = rows
+def codec_costs(repeat: int = 2000) -> dict[str, tuple[float, float]]:
+    """Seconds to encode and to decode one entry (no Redis), by the keys the codec holds."""
+    entry = ParkedTask.new(
+        task_name=TASK,
+        task_id=str(uuid.uuid4()),
+        args=[12345, "customer@example.com"],
+        kwargs={"amount": "19.99", "token": "tok_" + "x" * 24},
+        options={"queue": "payments", "argsrepr": "(12345, 'customer@example.com')"},
+        breaker="bench",
+        reason="breaker_open",
+        exc_type="builtins.ConnectionError",
+        exc_message="gateway unreachable",
+    )
+    codecs = {
+        "no keys": Codec("json"),
+        "signing": Codec("json", (SIGNING_KEY,)),
+        "encryption": Codec("json", (), (ENCRYPTION_KEY,)),
+        "both": Codec("json", (SIGNING_KEY,), (ENCRYPTION_KEY,)),
+    }
+    costs = {}
+    for name, codec in codecs.items():
+        data = codec.encode(entry)
+        started = time.perf_counter()
+        for _ in range(repeat):
+            codec.encode(entry)
+        encode = (time.perf_counter() - started) / repeat
+        started = time.perf_counter()
+        for _ in range(repeat):
+            codec.decode(data, entry.id)
+        costs[name] = (encode, (time.perf_counter() - started) / repeat)
+    return costs
+
+
+def trust_lines(
+    rows: list[Row], by_round: list[float], parks: dict[bool, list[float]]
+) -> list[str]:
+    """What signing and encryption cost, per park and per drained entry."""
+    on, keyed = rows[1], rows[5]
+    costs = codec_costs()
+    plain_park, keyed_park = min(parks[False]), min(parks[True])
+    lines = [
+        "",
+        "signing (HMAC-SHA256) + encryption (Fernet), per entry:",
+        f"  park, wall (one round trip)   {1e6 * plain_park:.1f} us without keys, "
+        f"{1e6 * keyed_park:.1f} us with both (+{1e6 * (keyed_park - plain_park):.1f} us)",
+        f"  drained entry, wall           {1e6 * on.seconds / on.tasks:.1f} us without keys, "
+        f"{1e6 * keyed.seconds / keyed.tasks:.1f} us with both "
+        f"(+{1e6 * (keyed.seconds / keyed.tasks - on.seconds / on.tasks):.1f} us)",
+        "  codec alone, no Redis (encode at park / decode at drain):",
+    ]
+    for name, (encode, decode) in costs.items():
+        lines.append(f"    {name:<12} {1e6 * encode:6.1f} us / {1e6 * decode:6.1f} us")
+    lines.append(
+        f"  drain signed + encrypted vs raw send_task: {by_round[5]:.2f} (median of the rounds; "
+        f"target >= 2.00), without keys {by_round[1]:.2f}"
+    )
+    return lines
+
+
+def report(
+    rows: list[Row],
+    n: int,
+    rounds: int,
+    broker_url: str,
+    by_round: list[float],
+    parks: dict[bool, list[float]],
+) -> str:
+    raw, on, off, store_only, store_ops, _ = rows
     lines = [
         f"drain benchmark: {n} entries per phase, best of {rounds} rounds, broker and store "
         f"{broker_url}, drain batch {BATCH}, drain rate unlimited",
@@ -290,13 +389,13 @@ def report(rows: list[Row], n: int, rounds: int, broker_url: str, by_round: list
         f"  back-out store claim + ack  {us(store_ops.seconds)} ({us(store_ops.cpu)}): the "
         "store's two operations alone",
     ]
-    return "\n".join(lines)
+    return "\n".join(lines + trust_lines(rows, by_round, parks))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--entries", type=int, default=5000, help="messages / entries per phase")
-    parser.add_argument("--rounds", type=int, default=6, help="rounds of the five phases")
+    parser.add_argument("--rounds", type=int, default=6, help="rounds of the six phases")
     parser.add_argument("--broker-url", default="redis://127.0.0.1:6379/13")
     args = parser.parse_args(argv)
     if args.entries < 1 or args.rounds < 1:
@@ -308,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         bench.cleanup()
     by_round = round_ratios(bench.rounds)
-    print(report(rows, args.entries, args.rounds, args.broker_url, by_round))
+    print(report(rows, args.entries, args.rounds, args.broker_url, by_round, bench.parks))
     return 0
 
 
