@@ -8,6 +8,7 @@ CLIAPP_PREFIX      key prefix of the breakers and the back-out store; the Redis 
 CLIAPP_BROKER      broker URL (Redis); also the resilience Redis unless CLIAPP_REDIS is set
 CLIAPP_REDIS       Redis of the breakers and the back-out store
 CLIAPP_QUEUE       the app's default queue (nobody consumes it: tests read the broker list)
+CLIAPP_KEYS        optional JSON: ``{"signing": [...], "encryption": [...]}``, the store's keys
 =================  =========================================================================
 
 The test process builds the same app with :func:`make_app` from the same mapping. Two
@@ -17,6 +18,7 @@ breaker). Nothing here runs a task: the CLI only parks, lists, replays and steer
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -38,6 +40,7 @@ def settings(env: Mapping[str, str]) -> dict[str, str]:
         "broker": broker,
         "redis": env.get("CLIAPP_REDIS", broker),
         "queue": env.get("CLIAPP_QUEUE", f"{prefix}-queue"),
+        "keys": env.get("CLIAPP_KEYS", "{}"),
     }
 
 
@@ -64,6 +67,9 @@ def make_app(env: Mapping[str, str]) -> Celery:
         resilience_drain_rate=10_000.0,
         resilience_drain_batch=100,
     )
+    keys = json.loads(s["keys"])
+    app.conf.resilience_signing_key = keys.get("signing")
+    app.conf.resilience_encryption_key = keys.get("encryption")
     resilient = {"base": ResilientTask, "bind": True, "shared": False}
 
     @app.task(name="cliapp.charge", breaker="payments", retry_on=(ConnectionError,), **resilient)
