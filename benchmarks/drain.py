@@ -20,7 +20,7 @@ keys under ``<prefix>:broker:`` through kombu's ``global_keyprefix``):
 5. store claim + ack alone: ``claim`` a batch and ``ack`` it, in a loop, without a drain;
 6. drain, signed + encrypted: phase 2 with ``resilience_signing_key`` and
    ``resilience_encryption_key`` set (its own key prefix, same queue): every entry verified
-   (HMAC-SHA256) and its arguments decrypted (Fernet) before it is published.
+   (HMAC-SHA256) and its arguments decrypted (AES-256-GCM) before it is published.
 
 Parking is timed too (the N ``store.park`` calls before phases 2 and 6: one round trip each),
 and the codec alone (encode and decode of one entry, no Redis) with no keys, signing only,
@@ -61,7 +61,7 @@ from celery_resilience import ParkedTask, Resilience
 from celery_resilience.events import ReplayEvents
 from celery_resilience.parked import Codec
 
-#: Keys of the signed + encrypted phase (a fixed Fernet key: the benchmark stores no secret).
+#: Keys of the signed + encrypted phase (fixed: the benchmark stores no secret).
 SIGNING_KEY = "bench-signing-key-0123456789abcdef"
 ENCRYPTION_KEY = "0" * 43 + "="
 
@@ -324,7 +324,7 @@ def trust_lines(
     plain_park, keyed_park = min(parks[False]), min(parks[True])
     lines = [
         "",
-        "signing (HMAC-SHA256) + encryption (Fernet), per entry:",
+        "signing (HMAC-SHA256) + encryption (AES-256-GCM), per entry:",
         f"  park, wall (one round trip)   {1e6 * plain_park:.1f} us without keys, "
         f"{1e6 * keyed_park:.1f} us with both (+{1e6 * (keyed_park - plain_park):.1f} us)",
         f"  drained entry, wall           {1e6 * on.seconds / on.tasks:.1f} us without keys, "

@@ -7,6 +7,7 @@ straight into the store, as someone with write access to it would.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -192,3 +193,17 @@ def test_no_argument_is_stored_in_clear_with_encryption_on(
 
     assert SECRET.encode() in dumped(f"{key_prefix}-clear", Codec("json"))
     assert SECRET.encode() not in dumped(f"{key_prefix}-sealed", Codec("json", (KEY,), (FERNET,)))
+
+
+def test_a_sealed_token_moved_to_another_entry_does_not_open(make_store: MakeStore) -> None:
+    """Even without signing: the token is bound to its entry id."""
+    store = make_store(codec=Codec("json", (), (FERNET,)))
+    first, second = secret_entry(1), secret_entry(2)
+    store.park(first)
+    store.park(second)
+    token = json.loads(raw(store, first.id).partition(b"\n")[2])["sealed"]  # type: ignore[union-attr]
+    header, _, body = raw(store, second.id).partition(b"\n")  # type: ignore[union-attr]
+    put(store, second, header + b"\n" + json.dumps({**json.loads(body), "sealed": token}).encode())
+    got = store.get(second.id)
+    assert got is not None
+    assert (got.status, got.dead_reason) == ("dead", "undecryptable")

@@ -55,8 +55,8 @@ def test_keys_take_one_secret_or_a_list_and_never_show_in_a_repr() -> None:
         ({"signing_key": "short"}, "resilience_signing_key: key #1 is 5 bytes long"),
         ({"signing_key": [SECRET, 5]}, "resilience_signing_key: key #2 must be a non-empty"),
         ({"signing_key": []}, "resilience_signing_key must be a secret string"),
-        ({"encryption_key": SECRET}, "resilience_encryption_key: key #1 is not a Fernet key"),
-        ({"encryption_key": [Fernet.generate_key(), SECRET]}, "key #2 is not a Fernet key"),
+        ({"encryption_key": SECRET}, "resilience_encryption_key: key #1 is not 32 url-safe base64"),
+        ({"encryption_key": [Fernet.generate_key(), SECRET]}, "key #2 is not 32 url-safe"),
     ],
 )
 def test_a_bad_key_names_the_setting_and_never_the_key(

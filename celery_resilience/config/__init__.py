@@ -117,7 +117,7 @@ class ResilienceConfig:
     broker_redelivery_after: float = _DEFAULT_VISIBILITY_TIMEOUT
     #: Keys that sign entries (the first) and verify them (all); never in a repr.
     signing_keys: Keys = field(default=(), repr=False)
-    #: Fernet keys that encrypt entries' arguments (the first) and decrypt them (all).
+    #: AES-256 keys that encrypt entries' arguments (the first) and decrypt them (all).
     encryption_keys: Keys = field(default=(), repr=False)
 
     @property

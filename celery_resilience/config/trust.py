@@ -3,6 +3,7 @@ and the encryption keys. No key is ever part of an error message."""
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Sequence
 from typing import Any
 
@@ -14,6 +15,8 @@ SAFE_SERIALIZERS = ("json", "msgpack")
 PICKLE = "pickle"
 #: Shortest signing key accepted (bytes): an HMAC key shorter than this is guessable.
 MIN_SIGNING_KEY = 16
+#: Bytes of an encryption key (AES-256-GCM).
+AES_KEY_BYTES = 32
 
 Keys = tuple[str | bytes, ...]
 
@@ -58,31 +61,35 @@ def signing_keys(value: Any) -> Keys:
 
 
 def encryption_keys(value: Any) -> Keys:
-    """``resilience_encryption_key``: Fernet keys (the first encrypts, all decrypt)."""
+    """``resilience_encryption_key``: AES-256 keys (the first encrypts, all decrypt)."""
     keys = _keys("resilience_encryption_key", value)
     if keys:
-        multi_fernet("resilience_encryption_key", keys)  # fails now, at start
+        encryption_key_bytes("resilience_encryption_key", keys)  # fails now, at start
     return keys
 
 
-def multi_fernet(setting: str, keys: Sequence[str | bytes]) -> Any:
-    """A ``MultiFernet`` of ``keys``; ``ConfigurationError`` naming ``setting``, never a key."""
+def encryption_key_bytes(setting: str, keys: Sequence[str | bytes]) -> list[bytes]:
+    """The AES-256 keys of ``keys`` (each 32 url-safe base64-encoded bytes, the form
+    ``Fernet.generate_key()`` makes); ``ConfigurationError`` naming ``setting``, never a key."""
     try:
-        from cryptography.fernet import Fernet, MultiFernet
+        import cryptography  # noqa: F401  (the extra: say so now, not at the first park)
     except ImportError:
         raise ConfigurationError(
             f"{setting} needs the 'cryptography' package: "
             "pip install 'celery-resilience[encryption]'"
         ) from None
-    fernets = []
+    decoded = []
     for position, key in enumerate(keys):
         try:
-            fernets.append(Fernet(key if isinstance(key, bytes) else key.encode()))
+            raw = base64.urlsafe_b64decode(key if isinstance(key, bytes) else key.encode())
         except (ValueError, TypeError):
+            raw = b""
+        if len(raw) != AES_KEY_BYTES:
             raise ConfigurationError(
-                f"{setting}: key #{position + 1} is not a Fernet key (32 url-safe base64-encoded "
-                "bytes, as Fernet.generate_key() makes)"
-            ) from None
-    if not fernets:
+                f"{setting}: key #{position + 1} is not {AES_KEY_BYTES} url-safe base64-encoded "
+                "bytes (make one with Fernet.generate_key())"
+            )
+        decoded.append(raw)
+    if not decoded:
         raise ConfigurationError(f"{setting} holds no key")
-    return MultiFernet(fernets)
+    return decoded

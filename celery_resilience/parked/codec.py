@@ -10,8 +10,9 @@ Celery's ``accept_content`` plays no part, so an app that accepts pickle for its
 unpickles store entries. With signing keys the signature is an HMAC-SHA256 over the entry id,
 the serializer and the whole body (every field that drives a publish), checked *before* the body
 is decoded. With an encryption key the fields that carry the task's data (:data:`SEALED`) are
-replaced by one ``sealed`` token. Version ``1`` envelopes (``1;<content_type>;<encoding>``,
-written by older releases) are still read, as unsigned.
+replaced by one ``sealed`` token (AES-256-GCM, bound to the entry id). Version ``1``
+envelopes (``1;<content_type>;<encoding>``, written by older releases) are still read, as
+unsigned.
 
 The payload is written once, at park time, and never rewritten by the store's scripts (status,
 dead reason and leases live beside it, in meta), so one signature covers an entry's life; the
@@ -111,7 +112,7 @@ class Codec:
         body: dict[str, Any] = {name: getattr(entry, name) for name in FIELDS}
         if self.cipher is not None:
             plain = _dump({name: body[name] for name in SEALED}, self.serializer)
-            body.update(_EMPTY, sealed=self.cipher.encrypt(plain).decode("ascii"))
+            body.update(_EMPTY, sealed=self.cipher.encrypt(plain, entry.id.encode()))
         data = _dump(body, self.serializer)
         signature = (
             "-"
@@ -150,9 +151,9 @@ class Codec:
     def _unseal(self, fields: dict[str, Any], serializer: str) -> dict[str, Any]:
         token = fields.pop("sealed")
         assert self.cipher is not None
-        if not isinstance(token, str):
+        if not isinstance(token, str) or not isinstance(fields.get("id"), str):
             raise UndecodableEntry("sealed field is not a token")
-        inner = _load(self.cipher.decrypt(token.encode("ascii", "replace")), serializer)
+        inner = _load(self.cipher.decrypt(token, fields["id"].encode()), serializer)
         if not isinstance(inner, dict) or set(inner) != set(SEALED):
             raise UndecodableEntry("sealed fields are not the expected ones")
         return {**fields, **inner}

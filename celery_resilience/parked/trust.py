@@ -6,11 +6,13 @@ Both take a list of keys for rotation: the first signs (encrypts), every one ver
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
+import os
 from collections.abc import Sequence
 
-from ..config.trust import multi_fernet
+from ..config.trust import encryption_key_bytes
 from .entry import UndecodableEntry
 
 #: Dead reasons of entries that failed the store's checks (the drain never publishes them).
@@ -18,6 +20,8 @@ TAMPERED = "tampered"
 UNSIGNED = "unsigned"
 UNDECRYPTABLE = "undecryptable"
 UNTRUSTED = (TAMPERED, UNSIGNED, UNDECRYPTABLE)
+#: Bytes of an AES-GCM nonce (random per message: safe for about 2**32 messages a key).
+NONCE_BYTES = 12
 
 
 class Untrusted(UndecodableEntry):
@@ -60,21 +64,36 @@ class Signer:
 
 
 class Cipher:
-    """Fernet (AES-128-CBC + HMAC-SHA256, from ``cryptography``) over several keys."""
+    """AES-256-GCM (from ``cryptography``) over several keys: a random 96-bit nonce per
+    message, the entry id as associated data (a sealed token moved to another entry does not
+    open). Chosen over Fernet for its cost: one pass, about a tenth of Fernet's CPU here."""
 
     def __init__(self, keys: Sequence[str | bytes]) -> None:
-        self._fernet = multi_fernet("resilience_encryption_key", keys)
+        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+        raw = encryption_key_bytes("resilience_encryption_key", keys)
+        self._aeads = [AESGCM(k) for k in raw]
 
     def __repr__(self) -> str:
-        return "<Cipher>"
+        return f"<Cipher of {len(self._aeads)} key(s)>"
 
-    def encrypt(self, data: bytes) -> bytes:
-        return bytes(self._fernet.encrypt(data))
+    def encrypt(self, data: bytes, bound_to: bytes) -> str:
+        """``data`` sealed, as url-safe base64 text: nonce, then ciphertext and tag."""
+        nonce = os.urandom(NONCE_BYTES)
+        sealed = nonce + self._aeads[0].encrypt(nonce, data, bound_to)
+        return base64.urlsafe_b64encode(sealed).decode("ascii")
 
-    def decrypt(self, token: bytes) -> bytes:
-        from cryptography.fernet import InvalidToken
+    def decrypt(self, token: str, bound_to: bytes) -> bytes:
+        from cryptography.exceptions import InvalidTag
 
         try:
-            return bytes(self._fernet.decrypt(token))
-        except (InvalidToken, TypeError, ValueError):
-            raise Untrusted(UNDECRYPTABLE, "no configured encryption key opens it") from None
+            sealed = base64.urlsafe_b64decode(token.encode("ascii"))
+        except (ValueError, UnicodeEncodeError):
+            raise Untrusted(UNDECRYPTABLE, "its sealed fields are not a token") from None
+        nonce, body = sealed[:NONCE_BYTES], sealed[NONCE_BYTES:]
+        for aead in self._aeads:
+            try:
+                return bytes(aead.decrypt(nonce, body, bound_to))
+            except (InvalidTag, ValueError):
+                continue
+        raise Untrusted(UNDECRYPTABLE, "no configured encryption key opens it")
