@@ -50,9 +50,13 @@ BAD = {
 FIRST = next(iter(BAD))
 
 
+CHECKOUT = Path(__file__).resolve().parent.parent
+
+
 def run_celery(tmp_path: Path, *args: str, bad: str = FIRST) -> subprocess.CompletedProcess[str]:
     (tmp_path / "badapp.py").write_text(textwrap.dedent(APP.format(broker=REDIS_URL, bad=bad)))
-    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    # The checkout after the app's directory: the code under test, not an installed copy.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(CHECKOUT)])}
     return subprocess.run(
         [sys.executable, "-m", "celery", "-A", "badapp", *args],
         cwd=tmp_path,
