@@ -145,18 +145,19 @@ class Codec:
         if isinstance(fields, dict) and "sealed" in fields:
             if self.cipher is None:  # listed, never published: see ParkedTask.encrypted
                 return from_fields({**fields, **_EMPTY}, encrypted=True)
-            fields = self._unseal(fields, serializer)
+            fields = _unseal(self.cipher, fields, serializer)
         return from_fields(fields)
 
-    def _unseal(self, fields: dict[str, Any], serializer: str) -> dict[str, Any]:
-        token = fields.pop("sealed")
-        assert self.cipher is not None
-        if not isinstance(token, str) or not isinstance(fields.get("id"), str):
-            raise UndecodableEntry("sealed field is not a token")
-        inner = _load(self.cipher.decrypt(token, fields["id"].encode()), serializer)
-        if not isinstance(inner, dict) or set(inner) != set(SEALED):
-            raise UndecodableEntry("sealed fields are not the expected ones")
-        return {**fields, **inner}
+
+def _unseal(cipher: Cipher, fields: dict[str, Any], serializer: str) -> dict[str, Any]:
+    """``fields`` with the sealed ones opened (the token is bound to the body's entry id)."""
+    token = fields.pop("sealed")
+    if not isinstance(token, str) or not isinstance(fields.get("id"), str):
+        raise UndecodableEntry("sealed field is not a token")
+    inner = _load(cipher.decrypt(token, fields["id"].encode()), serializer)
+    if not isinstance(inner, dict) or set(inner) != set(SEALED):
+        raise UndecodableEntry("sealed fields are not the expected ones")
+    return {**fields, **inner}
 
 
 def _signed(entry_id: str, serializer: str, body: bytes) -> bytes:
