@@ -74,7 +74,9 @@ class BreakerAgreement(RuleBasedStateMachine):
         assert self.pubsub.get_message(timeout=5.0)["type"] == "subscribe"
         self.version = 0
 
-    def _memory_heard(self, name: str, version: int, state: str, streak: bool) -> None:
+    def _memory_heard(
+        self, name: str, version: int, state: str, streak: bool, epoch: str
+    ) -> None:
         if name == self.name:
             self.memory_changes.append((version, state, streak))
 
@@ -94,7 +96,7 @@ class BreakerAgreement(RuleBasedStateMachine):
                 change = parse_change(message["data"])
                 assert change is not None
                 if change[0] == self.name:
-                    heard.append(change[1:])
+                    heard.append(change[1:4])
         extra = self.pubsub.get_message(timeout=0.002)
         self.pubsub.close()
         assert heard == self.expected_changes

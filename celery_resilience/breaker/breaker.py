@@ -104,7 +104,9 @@ class Breaker:
                 return Admission(None, BreakerOpen(self.name, "unavailable"))
             return Admission(Permit(self, None, permit_id), None)
         self._health.ok()
-        self._views.learn(self.name, decision.version, decision.state, decision.streak, generation)
+        self._views.learn(
+            self.name, decision.version, decision.state, decision.streak, decision.epoch, generation
+        )
         if decision.transition:
             self._announce(decision.transition, decision.state)
         if decision.skip:
@@ -177,7 +179,9 @@ class Breaker:
             self._unreachable(exc)
             return
         self._health.ok()
-        self._views.learn(self.name, change.version, change.state, change.streak, generation)
+        self._views.learn(
+            self.name, change.version, change.state, change.streak, change.epoch, generation
+        )
         if change.transition:
             self._announce(change.transition, change.state)
 
@@ -259,7 +263,9 @@ class Breaker:
         generation = self._views.start()
         with unavailable("breaker store"):
             change = self._store().force(self.name, self.limits, action)
-        self._views.learn(self.name, change.version, change.state, change.streak, generation)
+        self._views.learn(
+            self.name, change.version, change.state, change.streak, change.epoch, generation
+        )
         if change.transition:
             self._announce(change.transition, change.state)
         return change

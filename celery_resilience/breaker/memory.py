@@ -132,7 +132,7 @@ class MemoryBreakerStore:
         if state.version != self._seen.get(name, 0):
             self._seen[name] = state.version
             for listener in list(self._listeners):
-                listener(name, result.version, result.state, result.streak)
+                listener(name, result.version, result.state, result.streak, result.epoch)
         return result
 
     def names(self) -> set[str]:

@@ -12,8 +12,11 @@ key                                            type  holds
 ``{<tag>}:done:<task id>``                     str   the task id succeeded (``deduplicate``)
 =============================================  ====  =========================================
 
-Channel ``<prefix>:breaker-changes``: every change of a breaker's view (its state, and whether a
-failure streak runs) is published there by the script that made it (see ``lua/_common.lua``).
+Channel ``<prefix>:breaker-changes:<db>``: every change of a breaker's view (its state, and
+whether a failure streak runs) is published there by the script that made it (see
+``lua/_common.lua``). Pub/sub ignores the database number, so the channel names it: apps on other
+databases of the server don't hear these. Each change also carries the epoch of the breaker's
+hash, which a process checks against the epoch its own replies taught it (``views.py``).
 
 ``<tag>`` is the breaker's tag, so the acquire script can touch them, or ``<prefix>:tasks``
 for tasks without a breaker.
@@ -26,7 +29,7 @@ from typing import Any, cast
 
 import redis
 
-from ..redis_io import load_script
+from ..redis_io import is_cluster, load_script
 from .store import ChangeListener, Delivery, Watch
 from .types import Action, Change, Decision, Kind, Limits, Skip, State, Transition
 from .watch import RedisWatch
@@ -40,8 +43,9 @@ class RedisBreakerStore:
     def __init__(self, client: redis.Redis, prefix: str = "resilience") -> None:
         self.client = client
         self.prefix = prefix
-        #: Where the scripts publish every change of a breaker's view (one per key prefix).
-        self.channel = f"{prefix}:breaker-changes"
+        #: Where the scripts publish every change of a breaker's view: one per key prefix and
+        #: database (pub/sub channels are server-wide, whatever database a client selected).
+        self.channel = f"{prefix}:breaker-changes:{database(client)}"
         self._acquire = load_script(client, __package__, "acquire")
         self._record = load_script(client, __package__, "record")
         self._release = load_script(client, __package__, "release")
@@ -102,7 +106,7 @@ class RedisBreakerStore:
             max_deliveries = delivery.max_deliveries
         argv = [*self._argv(name, limits, now_us), permit_id, deferred_successes, ttl]
         reply = self._acquire(keys, [*argv, max_deliveries])
-        allowed, kind, state, retry_after, transition, deliveries, skip, version, streak = reply
+        allowed, kind, state, retry_after, transition, deliveries, skip, version, streak = reply[:9]
         return Decision(
             allowed=bool(allowed),
             kind=cast(Kind, kind.decode()) if kind else None,
@@ -113,6 +117,7 @@ class RedisBreakerStore:
             skip=cast(Skip, skip.decode()),
             version=int(version),
             streak=bool(streak),
+            epoch=_text(reply[9]),
         )
 
     def deliver(self, scope: str | None, delivery: Delivery) -> tuple[int, Skip]:
@@ -176,6 +181,13 @@ class RedisBreakerStore:
         return RedisWatch(self.client, self.channel, on_change, on_live, on_lost)
 
 
+def database(client: redis.Redis) -> int:
+    """The database number the client's commands run in (a cluster has only 0)."""
+    if is_cluster(client):
+        return 0
+    return int(client.get_connection_kwargs().get("db") or 0)
+
+
 def _now(now_us: int | None) -> int | str:
     return "" if now_us is None else now_us
 
@@ -184,6 +196,16 @@ def _transition(raw: bytes) -> Transition | None:
     return cast(Transition, raw.decode()) if raw else None
 
 
+def _text(raw: bytes | str) -> str:
+    return raw.decode() if isinstance(raw, bytes) else raw
+
+
 def _change(reply: list[Any]) -> Change:
-    state, transition, version, streak = reply
-    return Change(cast(State, state.decode()), _transition(transition), int(version), bool(streak))
+    state, transition, version, streak, epoch = reply
+    return Change(
+        cast(State, state.decode()),
+        _transition(transition),
+        int(version),
+        bool(streak),
+        _text(epoch),
+    )

@@ -8,8 +8,9 @@ from typing import Protocol
 
 from .types import Action, Change, Decision, Kind, Limits, Skip, State
 
-#: Called with (breaker name, version, state, streak) for every change of a breaker's view.
-ChangeListener = Callable[[str, int, State, bool], None]
+#: Called with (breaker name, version, state, streak, epoch) for every change of a breaker's
+#: view; ``epoch`` names the incarnation of the breaker's stored state the version counts in.
+ChangeListener = Callable[[str, int, State, bool, str], None]
 
 
 class Watch(Protocol):

@@ -118,6 +118,8 @@ class Decision:
     # The view after the call (see :func:`view`): what it means for caching, not the decision.
     version: int = field(default=0, compare=False)
     streak: bool = field(default=False, compare=False)
+    #: The incarnation of the stored state ("" for one never written; see :func:`view`).
+    epoch: str = field(default="", compare=False)
 
 
 @dataclass(frozen=True)
@@ -129,11 +131,15 @@ class Change:
     transition: Transition | None
     version: int = field(default=0, compare=False)
     streak: bool = field(default=False, compare=False)
+    #: The incarnation of the stored state ("" for one never written; see :func:`view`).
+    epoch: str = field(default="", compare=False)
 
 
 def view(s: BreakerState) -> tuple[State, bool]:
     """What a process may cache between round trips: the state, and whether a streak of failures
     is running (``consecutive_failures > 0``: then a success must be recorded at once, since it
     ends the streak). Every operation that changes it bumps ``version`` and, in Redis, publishes
-    the new view: that is how every process learns of a transition within one round trip."""
+    the new view: that is how every process learns of a transition within one round trip.
+    A version counts within one incarnation of the stored state (its ``epoch``): state that is
+    deleted and made again starts counting from 0 under a new epoch."""
     return s.state, s.consecutive_failures > 0

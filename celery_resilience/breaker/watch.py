@@ -1,10 +1,14 @@
 """How a process hears of every breaker change: a thread subscribed to the scripts' channel.
 
-The scripts publish ``<version>|<state>|<streak>|<name>`` whenever they change a breaker's view
-(``lua/_common.lua``). While the subscription is live, a process may trust what it last heard
-and admit calls on a closed breaker without a round trip; the moment the subscription may have
-missed something (the connection dropped, a PING went unanswered) it says so, and the process
-asks Redis again until it is live once more.
+The scripts publish ``<version>|<state>|<streak>|<epoch>|<name>`` whenever they change a
+breaker's view (``lua/_common.lua``). While the subscription is live, a process may trust what it
+last heard and admit calls on a closed breaker without a round trip; the moment the subscription
+may have missed something (the connection dropped, a PING went unanswered) it says so, and the
+process asks Redis again until it is live once more.
+
+Whatever ends a subscription (an error, or any ``BaseException`` raised in the thread), the thread
+subscribes again, waiting longer after each attempt that never went live; the loss is logged at
+ERROR once per outage and its end at WARNING (``TroubleLog``), not once per attempt.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import Any, cast
 import redis
 
 from ..redact import get_logger
+from ..trouble import TroubleLog
 from .store import ChangeListener
 from .types import STATES, State
 
@@ -28,8 +33,10 @@ logger = get_logger("celery_resilience.watch")
 #: Seconds of silence after which the subscription's connection is checked with a PING (a
 #: dropped connection is noticed at once; a silent one, within two of these).
 HEARTBEAT = 2.0
-#: Seconds to wait before subscribing again after the connection was lost.
+#: Seconds to wait before subscribing again after the feed was lost; doubled after each attempt
+#: that never went live, up to ``MAX_RETRY_DELAY``.
 RETRY_DELAY = 0.5
+MAX_RETRY_DELAY = 10.0
 
 
 class _Gone(Exception):
@@ -42,15 +49,16 @@ def _weak(callback: Callable[..., None]) -> Callable[[], Callable[..., None] | N
     return lambda: callback
 
 
-def parse_change(data: bytes | str) -> tuple[str, int, State, bool] | None:
-    """``(name, version, state, streak)`` of a published change, or ``None`` if malformed."""
+def parse_change(data: bytes | str) -> tuple[str, int, State, bool, str] | None:
+    """``(name, version, state, streak, epoch)`` of a published change, or ``None`` if
+    malformed (a change from a version of the scripts without epochs included)."""
     text = data.decode() if isinstance(data, bytes) else data
-    parts = text.split("|", 3)
-    if len(parts) != 4 or parts[1] not in STATES:
+    parts = text.split("|", 4)
+    if len(parts) != 5 or parts[1] not in STATES:
         return None
-    version, state, streak, name = parts
+    version, state, streak, epoch, name = parts
     try:
-        return name, int(version), cast(State, state), streak == "1"
+        return name, int(version), cast(State, state), streak == "1", epoch
     except ValueError:
         return None
 
@@ -72,6 +80,7 @@ class RedisWatch:
         self._callbacks = [_weak(c) for c in (on_change, on_live, on_lost)]
         self._stop = threading.Event()
         self._live = False
+        self.trouble = TroubleLog(logger, "breaker change feed")
         self._thread = threading.Thread(
             target=self._run, name="celery-resilience-watch", daemon=True
         )
@@ -87,27 +96,37 @@ class RedisWatch:
             raise _Gone
         return callback
 
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
+
     def _run(self) -> None:
+        attempts = 0  # in a row that never went live
         while not self._stop.is_set():
-            pubsub = self.client.pubsub()  # type: ignore[no-untyped-call]
+            self._live = False
             try:
-                self._listen(pubsub)
+                self._session()
             except _Gone:
                 return
-            except Exception as exc:  # a thread of its own: any failure means "maybe missed"
-                if self._live:  # once per loss, not at every attempt to subscribe again
-                    logger.debug(
-                        "Breaker change feed lost (%s): asking Redis until it is back", exc
-                    )
-                self._live = False
-            finally:
-                with contextlib.suppress(_Gone):
-                    self._callback(2)()  # lost
-                try:
-                    pubsub.close()
-                except Exception:  # the connection is gone anyway
-                    logger.debug("Closing the change feed's connection failed", exc_info=True)
-            self._stop.wait(RETRY_DELAY)
+            except BaseException as exc:  # whatever it was, the feed must go on
+                if self._stop.is_set():
+                    return  # closed: its connection was closed under it
+                self.trouble.failed(exc, "Breaker change feed lost; every call asks Redis")
+            # An attempt that went live starts the backoff again; one that never did doubles it.
+            attempts = 0 if self._live else attempts + 1
+            self._stop.wait(min(RETRY_DELAY * 2 ** max(0, attempts - 1), MAX_RETRY_DELAY))
+
+    def _session(self) -> None:
+        """One subscription, from connecting to its loss; says ``lost`` however it ends."""
+        pubsub = self.client.pubsub()  # type: ignore[no-untyped-call]
+        try:
+            self._listen(pubsub)
+        finally:
+            with contextlib.suppress(_Gone):
+                self._callback(2)()  # lost
+            try:
+                pubsub.close()
+            except Exception:  # the connection is gone anyway
+                logger.debug("Closing the change feed's connection failed", exc_info=True)
 
     def _listen(self, pubsub: Any) -> None:
         pubsub.subscribe(self.channel)
@@ -128,6 +147,7 @@ class RedisWatch:
             if kind == "subscribe":
                 self._callback(1)()  # live: from now on, every change reaches this process
                 self._live = True
+                self.trouble.ok()
             elif kind == "message":
                 change = parse_change(message["data"])
                 if change is not None:

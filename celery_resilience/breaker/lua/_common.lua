@@ -11,7 +11,12 @@
 -- ARGV[10] the breaker's name;  ARGV[11] the channel its changes are published on
 -- The view (types.view: the state, and whether a streak of failures runs) is what processes
 -- cache between round trips: a script that changes it bumps ``ver`` and publishes
--- "<ver>|<state>|<streak 0|1>|<name>" on ARGV[11], so every process learns of it at once.
+-- "<ver>|<state>|<streak 0|1>|<epoch>|<name>" on ARGV[11], so every process learns of it at
+-- once.
+-- ``epoch`` names this incarnation of the hash: set (from TIME) by the first script that writes
+-- a hash without one, so a hash recreated after DEL / FLUSHDB / eviction / a restore, whose
+-- ``ver`` starts again from 0, is told apart from the one a process knew. Every reply ends with
+-- it, and a process adopts a published change only for the epoch its own replies taught it.
 -- Times are integer microseconds: Lua numbers are doubles, exact below 2^53. Numbers are passed
 -- to redis.call as numbers, never concatenated (tostring keeps only 14 digits).
 
@@ -50,8 +55,8 @@ local function load(fields)
 end
 -- One HMGET for what most scripts touch: the scalars, the totals and this moment's bucket.
 local SLOT = math.floor(now / lim.bucket_us) % BUCKETS
-load({'state', 'consec', 'opened_at', 'open_until', 'trips', 'ho_succ', 'ver', 'calls_total',
-      'failures_total', 'successes_total', 'be' .. SLOT, 'bc' .. SLOT, 'bf' .. SLOT})
+load({'state', 'consec', 'opened_at', 'open_until', 'trips', 'ho_succ', 'ver', 'epoch',
+      'calls_total', 'failures_total', 'successes_total', 'be' .. SLOT, 'bc' .. SLOT, 'bf' .. SLOT})
 local function get(field)
   if not loaded[field] then load({field}) end
   return h[field]
@@ -62,17 +67,24 @@ local function incr(field, by) put(field, num(field) + by) end
 local function state() return h.state or 'closed' end
 local function streak() return num('consec') > 0 and 1 or 0 end
 local function view() return state() .. '|' .. streak() end
+local function epoch() return h.epoch or '' end
 local viewed = view()
 
 -- Writes what changed, and publishes the view when it changed (once per script: save is last).
+-- A hash written without an epoch is a new incarnation (or one older than epochs): it gets one.
 local function save()
   local changed = view() ~= viewed
   if changed then put('ver', num('ver') + 1); viewed = view() end
+  if next(dirty) ~= nil and not h.epoch then
+    local t = redis.call('TIME')
+    put('epoch', t[1] .. '.' .. t[2])
+  end
   local args = {}
   for field in pairs(dirty) do args[#args + 1] = field; args[#args + 1] = h[field] end
   if #args > 0 then redis.call('HSET', STATE_KEY, unpack(args)) end
   if changed then
-    redis.call('PUBLISH', ARGV[11], num('ver') .. '|' .. view() .. '|' .. ARGV[10])
+    local change = num('ver') .. '|' .. view() .. '|' .. epoch() .. '|' .. ARGV[10]
+    redis.call('PUBLISH', ARGV[11], change)
   end
 end
 

@@ -11,7 +11,8 @@
 -- Returns {allowed 0|1, kind "normal"|"probe"|"", state, retry_after_us (-1 = unknown),
 --          transition this call made or "", deliveries of this message (0 = not counted),
 --          skip: "" | "done" (the task id already succeeded) | "redelivered" (past ARGV[15]);
---          when skip is set no permit was taken, version of the view, streak 0|1}
+--          when skip is set no permit was taken, version of the view, streak 0|1,
+--          epoch of the hash ("" while it does not exist)}
 
 local permit_id = ARGV[12]
 apply_deferred(tonumber(ARGV[13]))
@@ -23,27 +24,27 @@ if KEYS[3] and ARGV[14] ~= '0' then
 end
 if KEYS[4] and redis.call('EXISTS', KEYS[4]) == 1 then
   save()
-  return {0, '', state(), -1, '', deliveries, 'done', num('ver'), streak()}
+  return {0, '', state(), -1, '', deliveries, 'done', num('ver'), streak(), epoch()}
 end
 if max_deliveries > 0 and deliveries > max_deliveries then
   save()
-  return {0, '', state(), -1, '', deliveries, 'redelivered', num('ver'), streak()}
+  return {0, '', state(), -1, '', deliveries, 'redelivered', num('ver'), streak(), epoch()}
 end
 
 local transition = ''
 local s = state()
 if s == 'closed' or s == 'forced_closed' then
   save()
-  return {1, 'normal', s, -1, '', deliveries, '', num('ver'), streak()}
+  return {1, 'normal', s, -1, '', deliveries, '', num('ver'), streak(), epoch()}
 end
 if s == 'forced_open' then
   incr('rejected_total', 1); save()
-  return {0, '', s, -1, '', deliveries, '', num('ver'), streak()}
+  return {0, '', s, -1, '', deliveries, '', num('ver'), streak(), epoch()}
 end
 if s == 'open' then
   if now < num('open_until') then
     incr('rejected_total', 1); save()
-    return {0, '', s, num('open_until') - now, '', deliveries, '', num('ver'), streak()}
+    return {0, '', s, num('open_until') - now, '', deliveries, '', num('ver'), streak(), epoch()}
   end
   put('state', 'half_open'); put('ho_succ', 0)
   redis.call('DEL', PROBES_KEY)
@@ -56,7 +57,7 @@ redis.call('ZREMRANGEBYSCORE', PROBES_KEY, '-inf', now)
 if redis.call('ZCARD', PROBES_KEY) < lim.half_open_max_calls then
   redis.call('ZADD', PROBES_KEY, now + lim.probe_lease_us, permit_id)
   save()
-  return {1, 'probe', 'half_open', -1, transition, deliveries, '', num('ver'), streak()}
+  return {1, 'probe', 'half_open', -1, transition, deliveries, '', num('ver'), streak(), epoch()}
 end
 incr('rejected_total', 1); save()
-return {0, '', 'half_open', lim.open_timeout_us, transition, deliveries, '', num('ver'), streak()}
+return {0, '', 'half_open', lim.open_timeout_us, transition, deliveries, '', num('ver'), streak(), epoch()}

@@ -2,9 +2,10 @@
 -- record and no delivery questions changes nothing, so one HMGET answers it. Same answer as
 -- the full path below (model.acquire); it only skips reading the clock and the other fields.
 if ARGV[13] == '0' and KEYS[3] == nil then
-  local fast = redis.call('HMGET', KEYS[1], 'state', 'ver', 'consec')
+  local fast = redis.call('HMGET', KEYS[1], 'state', 'ver', 'consec', 'epoch')
   if not fast[1] or fast[1] == 'closed' or fast[1] == 'forced_closed' then
     local streak = (tonumber(fast[3]) or 0) > 0 and 1 or 0
-    return {1, 'normal', fast[1] or 'closed', -1, '', 0, '', tonumber(fast[2]) or 0, streak}
+    return {1, 'normal', fast[1] or 'closed', -1, '', 0, '', tonumber(fast[2]) or 0, streak,
+            fast[4] or ''}
   end
 end

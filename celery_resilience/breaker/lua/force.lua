@@ -1,7 +1,8 @@
 -- force: an operator's order (model.force): hold open, hold closed, or reset.
 -- KEYS[1], KEYS[2], ARGV[1..11]: see _common.lua
 -- ARGV[12] action "open" | "closed" | "reset"
--- Returns {state, transition this call made or "", version of the view, streak 0|1}.
+-- Returns {state, transition this call made or "", version of the view, streak 0|1,
+--          epoch of the hash ("" while it does not exist)}.
 -- Counters (*_total) survive a reset.
 
 local action = ARGV[12]
@@ -9,11 +10,11 @@ if action == 'reset' then
   clear_counts()
   put('state', 'closed'); put('trips', 0); put('opened_at', 0); put('open_until', 0)
   save()
-  return {'closed', 'reset', num('ver'), streak()}
+  return {'closed', 'reset', num('ver'), streak(), epoch()}
 end
 local target = (action == 'open') and 'forced_open' or 'forced_closed'
-if state() == target then return {target, '', num('ver'), streak()} end
+if state() == target then return {target, '', num('ver'), streak(), epoch()} end
 redis.call('DEL', PROBES_KEY)
 put('ho_succ', 0); put('state', target)
 save()
-return {target, target, num('ver'), streak()}
+return {target, target, num('ver'), streak(), epoch()}

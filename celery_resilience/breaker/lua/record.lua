@@ -2,7 +2,8 @@
 -- KEYS[1], KEYS[2], ARGV[1..11]: see _common.lua
 -- ARGV[12] kind "normal" | "probe";  ARGV[13] permit id;  ARGV[14] "1" success | "0" failure
 -- ARGV[15] deferred successes of this process, recorded first
--- Returns {state, transition this call made or "", version of the view, streak 0|1}: exactly
+-- Returns {state, transition this call made or "", version of the view, streak 0|1,
+--          epoch of the hash ("" while it does not exist)}: exactly
 -- one caller sees each "opened".
 
 local kind, permit_id, success = ARGV[12], ARGV[13], ARGV[14] == '1'
@@ -38,4 +39,4 @@ elseif s == 'closed' or s == 'forced_closed' then
   end
 end
 save()
-return {state(), transition, num('ver'), streak()}
+return {state(), transition, num('ver'), streak(), epoch()}
