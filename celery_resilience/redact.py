@@ -13,8 +13,10 @@ import re
 
 MASK = "***"
 
-# scheme://user:password@  (the user may be empty: redis://:password@host)
-_URL_CREDENTIALS = re.compile(r"(?P<head>\b[a-zA-Z][a-zA-Z0-9+.-]*://[^:/@\s]*):[^@\s]+@")
+# scheme://user:password@  (the user may be empty: redis://:password@host). The password may
+# hold "@" and ":" (unencoded, as people write them): the credentials end at the LAST "@" before
+# the path, so the match is greedy up to a "/", a quote or a space.
+_URL_CREDENTIALS = re.compile(r"(?P<head>\b[a-zA-Z][a-zA-Z0-9+.-]*://[^:/@\s]*):[^/\s'\"]*@")
 # password=..., 'password': '...', "sentinel_password": "..." (dict reprs, query strings)
 _KEY_VALUE = re.compile(
     r"(?P<key>\b\w*(?:password|passwd|secret)\w*)(?P<sep>['\"]?\s*[:=]\s*['\"]?)"

@@ -623,6 +623,52 @@ def test_an_unreachable_redis_is_reported_on_the_breakers_page(
     assert 'class="error"' in text(response)
 
 
+#: A password with "@" and ":" in it: a URL's credentials end at its last "@".
+AT_SECRET = "s3c@r3t:pw-t41l"
+
+
+def shows_at_secret(text: str) -> bool:
+    return any(piece in text for piece in ("s3c", "r3t", "pw-t41l"))
+
+
+@pytest.mark.parametrize("which", ["ParkedTaskRecordAdmin", "BreakerAdmin", "StoreEntryAdmin"])
+def test_every_admin_message_is_redacted(which: str, django_db: None) -> None:
+    """Given an error whose text quotes a URL with a password; when any admin page reports it
+    with ``message_user``, then the message shows the URL masked."""
+    from django.contrib import admin, messages
+    from django.contrib.messages.storage.cookie import CookieStorage
+    from django.test import RequestFactory
+
+    from celery_resilience.contrib.django import admin as admin_module
+
+    model_admin = next(a for a in admin.site._registry.values() if type(a).__name__ == which)
+    assert isinstance(model_admin, getattr(admin_module, which))
+    request = RequestFactory().get("/")
+    request._messages = CookieStorage(request)  # type: ignore[attr-defined]
+    url = f"redis://app:{AT_SECRET}@127.0.0.1:6379/0"
+    model_admin.message_user(request, f"ConnectionError: no answer from {url}", messages.ERROR)
+    shown = [str(m) for m in request._messages]  # type: ignore[attr-defined]
+    assert shown == ["ConnectionError: no answer from redis://app:***@127.0.0.1:6379/0"]
+
+
+def test_a_misconfigured_app_is_reported_without_its_password(
+    admin_client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Given an app whose resilience_redis_url is invalid and holds a password with "@" and
+    ":"; when the parked tasks' page reports that the app is unusable, then no piece of the
+    password shows."""
+    from django.test import override_settings
+
+    bad = Celery("admin-bad", broker="memory://", set_as_current=False)
+    bad.conf.resilience_redis_url = f"redis://:{AT_SECRET}@127.0.0.1:notaport/0"
+    monkeypatch.setattr(f"{__name__}.APP", bad)
+    with override_settings(CELERY_RESILIENCE_APP=f"{__name__}:APP"):
+        page = text(admin_client.get(RECORD_URL))
+    assert "No usable Celery app" in page
+    assert "redis://:***@127.0.0.1:notaport/0" in page
+    assert not shows_at_secret(page)
+
+
 # -- which Celery app ------------------------------------------------------------------------
 
 

@@ -27,6 +27,7 @@ from django.utils.html import format_html
 from ...parked.codec import Codec
 from . import actions
 from .admin_breakers import BreakerAdmin
+from .admin_messages import RedactedMessages
 from .admin_store import StoreEntryAdmin
 from .conf import database_store_in_use, resilience
 from .display import ACTION_FIELD, ACTIONS, SELECTED_FIELD, details, iso, relative, short, when
@@ -39,7 +40,7 @@ admin.site.register(Breaker, BreakerAdmin)
 
 
 @admin.register(ParkedTaskRecord)
-class ParkedTaskRecordAdmin(admin.ModelAdmin):  # type: ignore[misc]  # Django is untyped here
+class ParkedTaskRecordAdmin(RedactedMessages, admin.ModelAdmin):  # type: ignore[misc]  # Django is untyped here
     list_display = ("entry", "task_name", "task", "breaker", "reason", "status", "parked", "due")
     list_filter = ("breaker", "reason", "status")
     search_fields = ("task_name", "task_id", "=id")

@@ -22,6 +22,7 @@ from django.urls import path, reverse
 from ...parked.store import NO_BREAKER
 from ...redact import get_logger, redact
 from ...resilience import Resilience
+from .admin_messages import RedactedMessages
 from .conf import database_store_in_use, resilience
 from .display import iso, relative, when
 
@@ -94,7 +95,7 @@ def row(name: str, snap: dict[str, Any], now: float) -> dict[str, Any]:
     }
 
 
-class BreakerAdmin(admin.ModelAdmin):  # type: ignore[misc]  # Django is untyped here
+class BreakerAdmin(RedactedMessages, admin.ModelAdmin):  # type: ignore[misc]  # Django is untyped here
     """The breakers' list and the confirmation page of each lever."""
 
     def has_add_permission(self, request: HttpRequest) -> bool:

@@ -21,6 +21,7 @@ from django.urls import path, reverse
 from ...parked.entry import REASONS, STATUSES, ParkedTask
 from ...parked.store import NO_BREAKER
 from . import actions
+from .admin_messages import RedactedMessages
 from .conf import database_store_in_use, resilience
 from .display import ACTION_FIELD, ACTIONS, DISCARD, REPLAY, SELECTED_FIELD, details, summary
 
@@ -34,7 +35,7 @@ def _matches(entry: ParkedTask, needle: str) -> bool:
     return any(needle in text.lower() for text in (entry.task_name, entry.task_id, entry.id))
 
 
-class StoreEntryAdmin(admin.ModelAdmin):  # type: ignore[misc]  # Django is untyped here
+class StoreEntryAdmin(RedactedMessages, admin.ModelAdmin):  # type: ignore[misc]  # Django is untyped here
     """Read-only list and detail pages over the configured store, with replay and discard."""
 
     list_per_page = 100
