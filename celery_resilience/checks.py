@@ -1,8 +1,10 @@
 """Start-up checks, as celery-redbeat does: settings and Redis setups that can lose work.
 
-Each finding says what to change. ``error`` where work would be lost or run twice,
-``warning`` where a guarantee is weakened (or, for a version outside the tested matrix, was
-never checked). Run at worker start and by
+Each finding says what to change. ``error`` where work would be lost (when a worker is
+killed, Redis restarts or fails over) or run twice, and ``celery resilience check`` exits 1;
+``warning`` where a guarantee is weakened but nothing is lost (a task parked instead of waiting
+in the broker, dedup markers that may be evicted, an in-memory store meant for tests) or, for a
+version outside the tested matrix, was never checked. Run at worker start and by
 ``celery -A proj resilience check``.
 """
 
@@ -106,7 +108,7 @@ def _tasks(runtime: Runtime, tasks: Iterable[Any]) -> list[Finding]:
         if not _task_option(task, conf, "acks_late"):
             findings.append(
                 Finding(
-                    "warning",
+                    "error",
                     f"{name} is a ResilientTask without acks_late: a worker killed mid-task "
                     "loses it. Set acks_late=True (and task_reject_on_worker_lost=True).",
                 )
@@ -114,7 +116,7 @@ def _tasks(runtime: Runtime, tasks: Iterable[Any]) -> list[Finding]:
         elif not _task_option(task, conf, "reject_on_worker_lost"):
             findings.append(
                 Finding(
-                    "warning",
+                    "error",
                     f"{name} has acks_late but not reject_on_worker_lost: a pool child killed "
                     "mid-task acks and fails it. Set task_reject_on_worker_lost=True (the "
                     "redelivery guard, resilience_max_deliveries, stops crash loops).",
@@ -179,7 +181,7 @@ def _unreplicated(runtime: Runtime) -> list[Finding]:
         return []
     return [
         Finding(
-            "warning",
+            "error",
             f"resilience_redis_url is a Redis {kind.capitalize()} and resilience_park_replicas "
             "is 0: replication is asynchronous, so a failover can lose parked tasks whose "
             "messages were already acked. Set resilience_park_replicas = 1 (or more).",
@@ -243,7 +245,7 @@ def _node(client: redis.Redis) -> list[Finding]:
     if config.get("appendonly") != "yes" and not config.get("save"):
         findings.append(
             Finding(
-                "warning",
+                "error",
                 "Redis keeps nothing on disk (appendonly no, no save points): parked tasks "
                 "are lost if it restarts. Enable appendonly yes (appendfsync everysec or always).",
             )

@@ -9,6 +9,7 @@ CLIAPP_BROKER      broker URL (Redis); also the resilience Redis unless CLIAPP_R
 CLIAPP_REDIS       Redis of the breakers and the back-out store
 CLIAPP_QUEUE       the app's default queue (nobody consumes it: tests read the broker list)
 CLIAPP_KEYS        optional JSON: ``{"signing": [...], "encryption": [...]}``, the store's keys
+CLIAPP_ACKS_LATE   "1": the tasks are acked late and requeued on a lost worker (default: not)
 =================  =========================================================================
 
 The test process builds the same app with :func:`make_app` from the same mapping. Two
@@ -41,6 +42,7 @@ def settings(env: Mapping[str, str]) -> dict[str, str]:
         "redis": env.get("CLIAPP_REDIS", broker),
         "queue": env.get("CLIAPP_QUEUE", f"{prefix}-queue"),
         "keys": env.get("CLIAPP_KEYS", "{}"),
+        "acks_late": env.get("CLIAPP_ACKS_LATE", ""),
     }
 
 
@@ -66,6 +68,8 @@ def make_app(env: Mapping[str, str]) -> Celery:
         },
         resilience_drain_rate=10_000.0,
         resilience_drain_batch=100,
+        task_acks_late=s["acks_late"] == "1",
+        task_reject_on_worker_lost=s["acks_late"] == "1",
     )
     keys = json.loads(s["keys"])
     app.conf.resilience_signing_key = keys.get("signing")

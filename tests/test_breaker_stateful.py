@@ -74,9 +74,7 @@ class BreakerAgreement(RuleBasedStateMachine):
         assert self.pubsub.get_message(timeout=5.0)["type"] == "subscribe"
         self.version = 0
 
-    def _memory_heard(
-        self, name: str, version: int, state: str, streak: bool, epoch: str
-    ) -> None:
+    def _memory_heard(self, name: str, version: int, state: str, streak: bool, epoch: str) -> None:
         if name == self.name:
             self.memory_changes.append((version, state, streak))
 

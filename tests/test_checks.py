@@ -113,7 +113,9 @@ def test_max_countdown_not_below_visibility_timeout_is_an_error(
     assert "Lower resilience_max_countdown" in finding.message
 
 
-def test_resilient_task_without_acks_late_is_a_warning_naming_it(server: RedisServer) -> None:
+def test_resilient_task_that_a_killed_worker_would_lose_is_an_error_naming_it(
+    server: RedisServer,
+) -> None:
     configure(server, "noeviction", appendonly=True)
     app = make_app(server.url)
     options: dict[str, Any] = {"base": ResilientTask, "bind": True, "shared": False}
@@ -134,18 +136,18 @@ def test_resilient_task_without_acks_late_is_a_warning_naming_it(server: RedisSe
     mine = [f for f in found if f.message.startswith("checks.")]
     assert mine == [
         Finding(
-            "warning",
+            "error",
             "checks.half has acks_late but not reject_on_worker_lost: a pool child killed "
             "mid-task acks and fails it. Set task_reject_on_worker_lost=True (the "
             "redelivery guard, resilience_max_deliveries, stops crash loops).",
         ),
         Finding(
-            "warning",
+            "error",
             "checks.unsafe is a ResilientTask without acks_late: a worker killed mid-task "
             "loses it. Set acks_late=True (and task_reject_on_worker_lost=True).",
         ),
     ]
-    assert not [f for f in found if f.level == "error"]
+    assert [f for f in found if f.level == "error"] == mine
 
 
 def test_task_acks_late_setting_counts_for_tasks_that_do_not_say(server: RedisServer) -> None:
@@ -210,13 +212,13 @@ def test_a_guarded_task_with_nothing_to_end_a_hanging_call_is_a_warning(
         ("volatile-lru", True, "", [("warning", "maxmemory-policy is volatile-lru")]),
         ("volatile-ttl", True, "", [("warning", "maxmemory-policy is volatile-ttl")]),
         ("noeviction", True, "", []),
-        ("noeviction", False, "", [("warning", "keeps nothing on disk")]),
+        ("noeviction", False, "", [("error", "keeps nothing on disk")]),
         ("noeviction", False, "3600 1", []),  # RDB snapshots: something is on disk
         (
             "allkeys-lru",
             False,
             "",
-            [("error", "maxmemory-policy is allkeys-lru"), ("warning", "keeps nothing on disk")],
+            [("error", "maxmemory-policy is allkeys-lru"), ("error", "keeps nothing on disk")],
         ),
     ],
 )
@@ -310,25 +312,31 @@ def test_check_command_exit_codes(server: RedisServer, key_prefix: str, redis_ur
     }
     unreachable = {**env, "CLIAPP_REDIS": f"redis://127.0.0.1:{free_port()}/0"}
 
-    # Warnings only (cliapp's tasks have no acks_late): exit 0.
-    configure(server, "noeviction", appendonly=True)
+    # Warnings only (an evicting policy that spares keys without a TTL): exit 0.
+    configure(server, "volatile-lru", appendonly=True)
+    safe = {**env, "CLIAPP_ACKS_LATE": "1"}
     running = [
+        _check_command(safe),
         _check_command(env),
         _check_command(env, "--json"),
         _check_command(unreachable),
     ]
-    (rc, out, err), (rc_json, out_json, _), (rc_down, out_down, _) = map(_finish, running)
-    assert rc == 0, (out, err)
-    lines = out.splitlines()
-    assert lines
-    assert all(line.startswith("WARNING: ") for line in lines), out
-    assert "WARNING: cliapp.charge is a ResilientTask without acks_late" in out
-    assert rc_json == 0
+    finished = list(map(_finish, running))
+    (rc_ok, out_ok, err_ok), (rc, out, err), (rc_json, out_json, _), (rc_down, out_down, _) = (
+        finished
+    )
+    assert rc_ok == 0, (out_ok, err_ok)
+    assert out_ok.splitlines() == [
+        "WARNING: Redis maxmemory-policy is volatile-lru: it may evict the dedup and delivery "
+        "markers (keys with a TTL). Prefer maxmemory-policy noeviction."
+    ]
+    # Work a killed worker would lose (cliapp's tasks have no acks_late): errors, exit 1.
+    assert rc == 1, (out, err)
+    assert "ERROR: cliapp.charge is a ResilientTask without acks_late" in out
+    assert rc_json == 1
     data = json.loads(out_json)
-    assert {f["level"] for f in data} == {"warning"}
-    assert {"cliapp.charge", "cliapp.lookup", "cliapp.notify"} <= {
-        f["message"].split(" ")[0] for f in data
-    }
+    lost = {f["message"].split(" ")[0] for f in data if f["level"] == "error"}
+    assert {"cliapp.charge", "cliapp.lookup", "cliapp.notify"} <= lost
     # Redis unreachable: an error, exit 1.
     assert rc_down == 1
     assert re.search(r"ERROR: Redis at resilience_redis_url \(redis://\S+\) unreachable", out_down)
@@ -357,7 +365,7 @@ def test_worker_logs_the_findings_when_ready(
         "WORKERAPP_MAX_COUNTDOWN": "7200",
     }
     expected = checks(make_worker_app(env))
-    assert sorted(f.level for f in expected) == ["error", "warning", "warning"], expected
+    assert sorted(f.level for f in expected) == ["error", "error", "warning"], expected
 
     worker = WorkerProcess(env, tmp_path / "worker.log")
     try:

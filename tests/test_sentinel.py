@@ -300,11 +300,12 @@ def test_the_django_admin_lists_the_parked_tasks(
 
 @pytest.mark.slow
 def test_start_up_checks_on_sentinel(world: World, drill: Drill) -> None:
-    """park_replicas 0 on a Sentinel is a warning; asking for more replicas than there are is
-    an error (every park would fail); the world's own settings raise neither."""
+    """park_replicas 0 on a Sentinel is an error (a failover can lose parked tasks); asking for
+    more replicas than there are is one too (every park would fail); the world's own settings
+    raise neither."""
     own = [f.message for f in run_checks(world.res.runtime)]
     assert not any("resilience_park_replicas" in m for m in own), own
-    for replicas, level in ((0, "warning"), (2, "error")):
+    for replicas, level in ((0, "error"), (2, "error")):
         app = Celery(f"checks-{replicas}", set_as_current=False)
         app.conf.resilience_redis_url = world.env["WORKERAPP_REDIS"]
         app.conf.resilience_redis_options = OPTIONS
