@@ -5,6 +5,7 @@ feed's thread outlives whatever is raised in it. Real Redis throughout."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -207,3 +208,37 @@ def test_the_feed_outlives_base_exceptions_and_logs_the_outage_once(
     assert "after 3 failure(s)" in logged[1][1]
     assert "Fatal: four" in logged[2][1]
     assert "after 1 failure(s)" in logged[3][1]
+
+
+def test_the_feed_waits_longer_after_each_attempt_that_never_went_live(monkeypatch) -> None:
+    """Given a Redis that can't be reached; then the feed tries again with a growing delay
+    (0.1, 0.2, 0.4, 0.8 s ...), not at a fixed rate, and logs the outage once."""
+    from tests.redis_server import free_port
+
+    monkeypatch.setattr(watch_module, "RETRY_DELAY", 0.1)
+    client = redis.Redis.from_url(f"redis://127.0.0.1:{free_port()}/0", socket_connect_timeout=1)
+    attempts: list[float] = []
+    subscribe = client.pubsub
+
+    def counted() -> Any:
+        attempts.append(time.monotonic())
+        return subscribe()
+
+    monkeypatch.setattr(client, "pubsub", counted)
+
+    class Owner:
+        def nothing(self, *_: Any) -> None:
+            pass
+
+    owner = Owner()
+    watch = RedisWatch(client, "nowhere", owner.nothing, owner.nothing, owner.nothing)
+    try:
+        deadline = time.monotonic() + 10.0
+        while len(attempts) < 5:
+            assert time.monotonic() < deadline, attempts
+            time.sleep(0.05)
+    finally:
+        watch.close()
+    gaps = [later - earlier for earlier, later in itertools.pairwise(attempts)]
+    assert gaps[-1] > 3 * gaps[0], gaps  # 0.8 s against 0.1 s; at a fixed rate, about equal
+    assert watch.trouble._failures >= 4
