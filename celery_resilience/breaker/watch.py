@@ -7,8 +7,9 @@ may have missed something (the connection dropped, a PING went unanswered) it sa
 process asks Redis again until it is live once more.
 
 Whatever ends a subscription (an error, or any ``BaseException`` raised in the thread), the thread
-subscribes again, waiting longer after each attempt that never went live; the loss is logged at
-ERROR once per outage and its end at WARNING (``TroubleLog``), not once per attempt.
+subscribes again, waiting longer after each attempt that never went live. A loss that is not
+Redis being out of reach (which the breakers already log, once) is logged at ERROR once per
+outage and its end at WARNING (``TroubleLog``), not once per attempt.
 """
 
 from __future__ import annotations
@@ -107,9 +108,17 @@ class RedisWatch:
                 self._session()
             except _Gone:
                 return
-            except BaseException as exc:  # whatever it was, the feed must go on
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
                 if self._stop.is_set():
                     return  # closed: its connection was closed under it
+                # Redis itself is out of reach: the breakers log that, once (``RedisHealth``).
+                if self._live:
+                    logger.debug(
+                        "Breaker change feed lost (%s): asking Redis until it is back", exc
+                    )
+            except BaseException as exc:  # anything else is the feed's own trouble: say so
+                if self._stop.is_set():
+                    return
                 self.trouble.failed(exc, "Breaker change feed lost; every call asks Redis")
             # An attempt that went live starts the backoff again; one that never did doubles it.
             attempts = 0 if self._live else attempts + 1
