@@ -148,7 +148,9 @@ class Breaker:
         with unavailable("breaker store"):
             # A release of nothing: the view's reply without changing it (as ``flush`` sends).
             change = self._store().release(self.name, self.limits, "normal", "", 0)
-        self._views.learn(self.name, change.version, change.state, change.streak, generation)
+        self._views.learn(
+            self.name, change.version, change.state, change.streak, change.epoch, generation
+        )
         return change.state
 
     def _record(self, permit: Permit, outcome: Outcome) -> None:

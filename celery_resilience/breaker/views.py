@@ -6,8 +6,9 @@ during the current live period, and a script's reply taught it at most ``MAX_VIE
 ago. Versions order what is heard: a published change and a script's reply travel on different
 connections, and the higher version wins, within one epoch (incarnation) of the breaker's stored
 state. A view is born only from a script's reply, which comes from the process's own keys; a
-published change updates it only if it names the same epoch, and one naming another epoch (the
-state was deleted and made again, or the change is not about these keys at all) drops the view.
+published change updates it only if it names the same epoch (or the view has none: it was learnt
+before the hash existed), and one naming another epoch (the state was deleted and made again, or
+the change is not about these keys at all) drops the view.
 
 The age bound is what holds whatever happened to the feed or the keys: a subscription silent
 without an error, a hash restored from a backup under a version already seen. Past it the next
@@ -90,9 +91,12 @@ class Views:
         return view
 
     def known(self, name: str) -> View | None:
-        """The view, whatever its state, if the process knows it for sure (a live watch)."""
+        """The view, whatever its state, if the process knows it for sure (a live watch, and a
+        reply that confirmed it at most ``MAX_VIEW_AGE`` seconds ago)."""
         view = self._views.get(name)
         if view is None or view.generation != self.generation or self._forks != _forks:
+            return None
+        if time.monotonic() - view.learnt > MAX_VIEW_AGE:
             return None
         return view
 
@@ -149,8 +153,11 @@ class Views:
             known = self._views.get(name)
             if known is None or self.generation == NOT_LIVE:
                 return  # nothing to check the change against: the next call asks Redis
-            if known.epoch != epoch or known.generation != self.generation:
-                del self._views[name]  # not the state this process knew: ask Redis again
+            # A view without an epoch was learnt before the hash existed: whatever made it since
+            # counts its versions from 0 too, so the change is newer. Any other epoch is not
+            # the state this process knew (recreated, or not its keys at all): ask Redis again.
+            if known.generation != self.generation or known.epoch not in ("", epoch):
+                del self._views[name]
             elif version >= known.version:
                 # Confirms nothing about the age: only a reply renews ``learnt``.
                 self._views[name] = View(
