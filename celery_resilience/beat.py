@@ -6,13 +6,46 @@ from typing import Any
 
 from celery import shared_task
 
+from .parked.redis_keys import BackoutKeys
+from .redact import get_logger
 from .resilience import Resilience
+
+logger = get_logger("celery_resilience.drain")
+
+#: A follow-up pass not started this long after it was due is dropped (beat's tick goes on).
+FOLLOW_UP_EXPIRES = 30.0
 
 
 @shared_task(name="celery_resilience.drain", bind=True, ignore_result=False)  # type: ignore[untyped-decorator]
 def drain(self: Any, breaker: str | None = None, limit: int | None = None) -> dict[str, Any]:
-    """Replay due parked tasks of breakers that admit calls; run it from celery beat."""
-    return Resilience.for_app(self.app).drain(breaker=breaker, limit=limit).as_dict()
+    """Replay what may go out now of breakers that admit calls, and return: run it from beat.
+
+    It never waits (the pool slot is back at once). When entries are left that only the pace or
+    a full queue held back, it sends itself again in ``report.next_in`` seconds, so a recovery
+    goes as fast as the queue empties and not only at beat's period.
+    """
+    resilience = Resilience.for_app(self.app)
+    report = resilience.drain_once(breaker=breaker, limit=limit)
+    if report.next_in is not None:
+        follow_up(self, resilience, report.next_in, {"breaker": breaker, "limit": limit})
+    return report.as_dict()
+
+
+def follow_up(task: Any, resilience: Resilience, delay: float, kwargs: dict[str, Any]) -> None:
+    """Send the next pass in ``delay`` seconds, unless one is already on its way.
+
+    A key that lives until the pass is due lets one pass be pending at a time, whichever run
+    (beat's or a follow-up) asked: chains started by beat's ticks merge instead of multiplying.
+    """
+    config = resilience.config
+    if config.in_memory or task.app.conf.task_always_eager:
+        return  # one process (eager would run it at once, recursively): beat's tick paces
+    key = f"{BackoutKeys.for_prefix(config.key_prefix).tag}:drain-next"
+    try:
+        if resilience.redis.set(key, "1", nx=True, px=max(1, int(delay * 1000))):
+            task.apply_async(kwargs=kwargs, countdown=delay, expires=delay + FOLLOW_UP_EXPIRES)
+    except Exception as exc:  # the next beat tick drains anyway
+        logger.warning("Could not send the drain's next pass: %s", exc)
 
 
 def periodic_task(app: Any, every: float = 30.0, name: str = "celery-resilience-drain") -> Any:

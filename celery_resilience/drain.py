@@ -4,39 +4,46 @@ At-least-once: an entry is removed only after its publish returned; a drainer th
 its claimed entries to come due again when their lease ends (duplicates: at most one batch).
 One drainer at a time (``drain_lock.py``), the lock renewed after every batch.
 Gating: a breaker that is open releases nothing, a half-open one no more than its free probe
-permits (the probes decide), a closed one at ``resilience_drain_rate`` tasks/s.
+permits (the probes decide), a closed one what the pace allows.
+
+Two ways to run it:
+
+- :meth:`Drainer.step`, beat's ``celery_resilience.drain`` task: one pass that releases what is
+  allowed *now* and returns, never waiting (a worker's pool slot is never held idle). What is
+  allowed: room in the replay's queue (``queue_room.py``), the slow start after a close and the
+  rate ceiling (``drain_pace.py``). Its report says when another pass has work (``next_in``).
+- :meth:`Drainer.run`, a person's ``celery resilience drain``: everything due now, in batches of
+  ``resilience_drain_batch`` paced at ``resilience_drain_rate``, waiting between them.
 """
 
 from __future__ import annotations
 
-import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import redis
 
+from .drain_batch import BatchPublisher
 from .drain_lock import drain_lock
+from .drain_pace import DrainPace
 from .errors import StoreUnavailable
-from .events import replay_dispatcher
-from .headers import rejected_replays
 from .parked.entry import ParkedTask
-from .parked.store import NO_BREAKER, BackoutStore, breaker_key, dead_code, dead_reason, held
-from .parked.trust import TAMPERED
+from .parked.store import NO_BREAKER, BackoutStore
+from .queue_room import QueueRoom
 from .redact import get_logger
-from .replay import Refusal, fail_task, preflight
 from .runtime import Runtime
-from .sending import Sender
 
 logger = get_logger("celery_resilience.drain")
 
 #: Seconds a claimed entry stays with the drainer before it is due again.
 DEFAULT_LEASE = 60.0
-#: Replays (counting those the breaker turned away) after which an entry is dead regardless.
-REJECTED_REPLAYS_FACTOR = 10
-#: When a publish fails, the entries it left are due again this much later (seconds).
-PUBLISH_RETRY_DELAY = 5.0
+#: Shortest wait before the next pass of a drain that has more to send (seconds): each pass is a
+#: short task of its own, and this bounds how often one runs.
+FOLLOW_UP_MIN = 0.25
+#: Wait before the next pass when the replays' queue was full (seconds): the workers are busy.
+FOLLOW_UP_BUSY = 1.0
 
 
 @dataclass
@@ -49,6 +56,9 @@ class DrainReport:
     errors: int = 0
     locked: bool = False  # another drain held the lock: this one did nothing
     duration: float = 0.0
+    #: Seconds after which another pass has work (entries left that the pace or the queue
+    #: held back); ``None``: nothing to do before the next beat tick.
+    next_in: float | None = None
     breakers: dict[str, dict[str, int]] = field(default_factory=dict)
     #: Entries that died in this run, by ``<breaker>|<dead reason code>`` (metrics).
     dead_reasons: dict[str, int] = field(default_factory=dict)
@@ -93,26 +103,66 @@ class Drainer:
         self.store: BackoutStore = runtime.backout_store
         self.config = runtime.config
         self.lease = lease
-        self.bucket = TokenBucket(self.config.drain_rate, self.config.drain_batch)
+        self.batches = BatchPublisher(runtime)
 
     def run(self, breaker: str | None = None, limit: int | None = None) -> DrainReport:
-        started = time.monotonic()
-        report = DrainReport()
+        """Everything due now, in batches paced at ``resilience_drain_rate`` (it waits)."""
+        bucket = TokenBucket(self.config.drain_rate, self.config.drain_batch)
         # Renewed after every batch; the next one may first wait drain_batch / drain_rate for
         # its tokens, and must then still be published within the lease.
         lock_ttl = self.lease + self.config.drain_batch / self.config.drain_rate
+
+        def body(lock: Any, report: DrainReport) -> None:
+            budget = limit
+            for name in self._names(breaker, report):
+                if budget is not None and budget <= 0:
+                    break
+                released = self._drain_breaker(name, budget, lock, bucket, report)
+                budget = None if budget is None else budget - released
+
+        return self._under_lock(lock_ttl, body)
+
+    def step(self, breaker: str | None = None, limit: int | None = None) -> DrainReport:
+        """What is allowed now, then return (beat's task): never waits for anything."""
+
+        def body(lock: Any, report: DrainReport) -> None:
+            pace = DrainPace(self.runtime)
+            room = QueueRoom(self.runtime)
+            more, busy, budget = False, False, limit
+            for name in self._names(breaker, report):
+                if budget is not None and budget <= 0:
+                    break
+                released, wants_more = self._step_breaker(name, budget, pace, room, report)
+                budget = None if budget is None else budget - released
+                more = more or wants_more
+                busy = busy or (wants_more and room.full())
+            pace.save()
+            if room.unreadable:
+                report.errors += 1
+            elif more:
+                wait = max(FOLLOW_UP_MIN, pace.seconds_for(max(1, report.replayed)))
+                report.next_in = max(wait, FOLLOW_UP_BUSY) if busy else wait
+
+        return self._under_lock(self.lease, body)
+
+    # -- the two runs' shared frame ----------------------------------------------------------
+    def _under_lock(self, lock_ttl: float, body: Callable[[Any, DrainReport], None]) -> DrainReport:
+        started = time.monotonic()
+        report = DrainReport()
         try:
             with drain_lock(self.runtime, lock_ttl) as lock:
                 if lock is None:
                     report.locked = True
                     logger.info("Drain skipped: another drain is running")
                     return report
-                self._run(breaker, limit, lock, report)
+                body(lock, report)
+                self.store.expire_dead()
                 report.duration = time.monotonic() - started
                 self.store.bump(_counters(report))
         except (StoreUnavailable, redis.RedisError) as exc:
             # Nothing is lost: what was claimed comes due again when its lease ends.
             report.errors += 1
+            report.next_in = None
             report.duration = time.monotonic() - started
             logger.error("Drain stopped, its store or Redis is unavailable: %s", exc)
         if report.replayed or report.dead or report.errors:
@@ -126,36 +176,90 @@ class Drainer:
             )
         return report
 
-    def _run(self, breaker: str | None, limit: int | None, lock: Any, report: DrainReport) -> None:
+    def _names(self, breaker: str | None, report: DrainReport) -> list[str]:
+        """The breakers to drain (all with parked entries unless one is named)."""
         names = [_internal(breaker)] if breaker is not None else sorted(self.store.breakers())
-        budget = limit
         for name in names:
-            done = self._drain_breaker(name, budget, lock, report)
-            if budget is not None:
-                budget -= done
-                if budget <= 0:
-                    break
-        self.store.expire_dead()
+            report.breakers.setdefault(name, {"replayed": 0, "dead": 0, "skipped": 0})
+        return names
 
-    def _allowance(self, name: str) -> int | None:
-        """How many entries the breaker lets through now: ``None`` = no gate, 0 = none."""
+    def _gate(self, name: str) -> tuple[int | None, Mapping[str, Any]]:
+        """How many entries the breaker lets through now (``None`` = no gate, 0 = none), and
+        the snapshot that says so."""
         if name == NO_BREAKER:
-            return None
+            return None, {}
         breaker = self.runtime.breaker(name)
         snap = breaker.snapshot()
         state = snap["state"]
         if state in ("closed", "forced_closed"):
-            return None
+            return None, snap
         if state == "half_open":
-            return max(0, breaker.config.half_open_max_calls - int(snap["probes_in_flight"]))
-        return 0
+            free = breaker.config.half_open_max_calls - int(snap["probes_in_flight"])
+            return max(0, free), snap
+        return 0, snap
 
-    def _drain_breaker(self, name: str, limit: int | None, lock: Any, report: DrainReport) -> int:
-        stats = report.breakers.setdefault(name, {"replayed": 0, "dead": 0, "skipped": 0})
+    def _publish(
+        self, name: str, claimed: list[ParkedTask], report: DrainReport
+    ) -> tuple[int, bool]:
+        """Publish claimed entries and count them; (published, whether the broker looked down)."""
+        outcome = self.batches.publish(name, claimed)
+        stats = report.breakers[name]
+        stats["replayed"] += outcome.published
+        stats["dead"] += outcome.dead
+        report.replayed += outcome.published
+        report.dead += outcome.dead
+        for key, n in outcome.dead_reasons.items():
+            report.dead_reasons[key] = report.dead_reasons.get(key, 0) + n
+        if outcome.down:
+            report.errors += 1
+        if self.progress is not None:
+            self.progress(outcome.published + outcome.dead)
+        return outcome.published, outcome.down
+
+    def _skipped(self, name: str, report: DrainReport) -> int:
+        left = self.store.due(name)
+        report.breakers[name]["skipped"] = left
+        report.skipped += left
+        return left
+
+    # -- one pass (beat) ---------------------------------------------------------------------
+    def _step_breaker(
+        self, name: str, budget: int | None, pace: DrainPace, room: QueueRoom, report: DrainReport
+    ) -> tuple[int, bool]:
+        """Release what breaker ``name`` allows now; (released, whether more is waiting)."""
+        allowance, snapshot = self._gate(name)
+        due = self.store.due(name)
+        window = None
+        if due and allowance is None and name != NO_BREAKER:
+            window = pace.window(name, snapshot)  # closed: the slow start
+        caps = [self.config.drain_batch, due, int(pace.tokens)]
+        want = min(caps + [c for c in (allowance, window, budget) if c is not None])
+        released = 0
+        if want > 0 and not room.full():
+            claimed = self.store.claim(name, want, self.lease)
+            go, wait = room.fit(claimed)
+            if wait:  # their queue is full: due again at once, for the next pass
+                self.store.release(name, [e.id for e in wait], self.runtime.now())
+            if go:
+                released, _ = self._publish(name, go, report)
+        pace.spend(name if window is not None else None, released, window)
+        left = self._skipped(name, report)
+        # A half-open breaker's probes decide (beat asks again); an open one releases nothing.
+        return released, bool(left) and allowance is None
+
+    # -- everything due (a person) -----------------------------------------------------------
+    def _drain_breaker(
+        self,
+        name: str,
+        limit: int | None,
+        lock: Any,
+        bucket: TokenBucket,
+        report: DrainReport,
+    ) -> int:
         released = 0
         probes_only = False
         while limit is None or released < limit:
-            allowance = self._allowance(name)
+            allowance, _ = self._gate(name)
             if allowance == 0 or (probes_only and allowance is not None):
                 break  # open, or half-open probes already sent: the probes decide
             probes_only = allowance is not None
@@ -168,90 +272,18 @@ class Drainer:
                 break  # nothing to wait for tokens for
             want = min(want, due)
             # Pace before claiming, so the wait never eats the lease of claimed entries.
-            self.bucket.take(want)
+            bucket.take(want)
             claimed = self.store.claim(name, want, self.lease)
             if not claimed:
                 break
-            published, dead, outage = self._publish_batch(name, claimed, report)
+            published, down = self._publish(name, claimed, report)
             released += published
-            stats["replayed"] += published
-            stats["dead"] += dead
-            if self.progress is not None:
-                self.progress(published + dead)
-            if outage:
+            if down:
                 break  # the broker is down: stop this breaker, the rest was given back
             if hasattr(lock, "reacquire"):
                 lock.reacquire()  # renew the lock's expiry for the next batch
-        stats["skipped"] = self.store.due(name)
-        report.skipped += stats["skipped"]
+        self._skipped(name, report)
         return released
-
-    def _publish_batch(
-        self, name: str, claimed: list[ParkedTask], report: DrainReport
-    ) -> tuple[int, int, bool]:
-        """Publish a claimed batch; ack what went out, mark dead what never can, give back the
-        rest. An error that belongs to one entry never stops the entries behind it.
-
-        Returns (published, dead, whether the broker looked down)."""
-        now = self.runtime.now()
-        ready: list[ParkedTask] = []
-        dead: list[tuple[ParkedTask, str]] = []
-        for entry in claimed:
-            if held(entry.reason):  # written before held entries left the ready set
-                self.store.release(name, [entry.id], math.inf)
-                continue
-            refusal = self._refusal(entry, now)
-            if refusal is None and breaker_key(entry.breaker) != name:
-                # Its signed payload names another breaker: moved into this ready set beside
-                # it, around the gate of its own breaker.
-                refusal = Refusal(TAMPERED, f"entry {entry.id} sits under breaker {name!r}")
-            if refusal is None:
-                ready.append(entry)
-            else:
-                dead.append((entry, refusal.dead_reason))
-        with (
-            self.runtime.app.producer_or_acquire() as producer,
-            replay_dispatcher(self.runtime.app) as events,
-        ):
-            sent = Sender(self.runtime, producer).send(ready)
-            for entry in sent.published:
-                events.replayed(entry)  # after the publish: the entry is on its way now
-        if sent.down:
-            report.errors += 1
-        for entry, failure in sent.suspects:
-            if sent.published or failure.kind == "entry":
-                dead.append((entry, dead_reason("unpublishable", str(failure))))
-            else:  # refused, alone: the entry can't be told from the broker; again later
-                sent.give_back.append(entry)
-        self.store.ack(name, [e.id for e in sent.published])
-        for entry, reason in dead:
-            if not self.store.mark_dead(entry.id, reason):
-                continue  # deleted or purged meanwhile: nobody waits for it here
-            counter = f"{name}|{dead_code(reason)}"
-            report.dead_reasons[counter] = report.dead_reasons.get(counter, 0) + 1
-            logger.error("Entry %s (%s) is dead: %s", entry.id, entry.task_name, reason)
-            fail_task(self.runtime, entry, reason)  # its workflow must not wait for it
-        if sent.give_back:
-            self.store.release(name, [e.id for e in sent.give_back], now + PUBLISH_RETRY_DELAY)
-        report.replayed += len(sent.published)
-        report.dead += len(dead)
-        return len(sent.published), len(dead), sent.down
-
-    def _refusal(self, entry: ParkedTask, now: float) -> Refusal | None:
-        refusal = preflight(self.runtime, entry, now)
-        if refusal is not None:
-            return refusal
-        rejected = rejected_replays(entry.options.get("headers"))
-        # Replays the breaker turned away unrun are not attempts; a hard cap still ends a
-        # task that is turned away forever.
-        if entry.replays - rejected >= self.config.max_replays or (
-            entry.replays >= self.config.max_replays * REJECTED_REPLAYS_FACTOR
-        ):
-            return Refusal(
-                "max_replays",
-                f"{entry.task_name}[{entry.task_id}] was replayed {entry.replays} times",
-            )
-        return None
 
 
 def _counters(report: DrainReport) -> dict[str, float]:

@@ -58,13 +58,15 @@ def preflight(
     if entry.encrypted:  # read without the key: its arguments are sealed, nothing to send
         return Refusal(UNDECRYPTABLE, f"entry {entry.id} is encrypted and no key here opens it")
     app = runtime.app
-    if not is_registered(app, entry.task_name):
-        return Refusal("unregistered", f"task {entry.task_name!r} is not registered in this app")
-    try:
-        check_arguments(runtime, entry)
-    except TypeError as exc:  # the args no longer fit the task's signature
-        message = f"arguments don't fit {entry.task_name}: {exc}"
-        return Refusal(dead_reason("bad_arguments", str(exc)), message)
+    # Publishing goes by name and needs no registration here: a task this process lacks (a
+    # drain on a worker that serves other queues) is sent as it is. Only the arguments' check
+    # needs the task's signature, so it runs where the task is known.
+    if is_registered(app, entry.task_name):
+        try:
+            check_arguments(runtime, entry)
+        except TypeError as exc:  # the args no longer fit the task's signature
+            message = f"arguments don't fit {entry.task_name}: {exc}"
+            return Refusal(dead_reason("bad_arguments", str(exc)), message)
     expires = expiry(entry, app)
     if expires is not None and expires <= now:
         when = datetime.fromtimestamp(expires, tz=timezone.utc).isoformat()
@@ -106,13 +108,12 @@ def publish(runtime: Runtime, entry: ParkedTask, producer: Any = None) -> None:
     is given back; the entry refused: it dies), where kombu's own retries would only hold the
     run for a second per entry of an outage.
     """
-    options = dict(entry.options)
+    options = replay_options(runtime, dict(entry.options))
     headers = replay_headers(options, entry.replays)
     options.pop("headers", None)
     app = runtime.app
-    if (
-        app.conf.task_always_eager
-    ):  # send_task ignores eager mode: run it at once, as a test expects
+    # send_task ignores eager mode: run it at once, as a test expects (if this process can).
+    if app.conf.task_always_eager and entry.task_name in app.tasks:
         task = app.tasks[entry.task_name]
         task.apply_async(
             entry.args, entry.kwargs, task_id=entry.task_id, headers=headers, **options
@@ -129,6 +130,19 @@ def publish(runtime: Runtime, entry: ParkedTask, producer: Any = None) -> None:
         retry=False,
         **options,
     )
+
+
+def replay_options(runtime: Runtime, options: dict[str, Any]) -> dict[str, Any]:
+    """The publish options of a replay: its own, or routed to ``resilience_replay_queue``.
+
+    The original exchange and routing key go with the override: they would win over the queue.
+    """
+    queue = runtime.config.replay_queue
+    if queue is None:
+        return options
+    routed = {k: v for k, v in options.items() if k not in ("exchange", "routing_key")}
+    routed["queue"] = queue
+    return routed
 
 
 def fail_task(runtime: Runtime, entry: ParkedTask, dead_reason: str) -> None:

@@ -117,9 +117,16 @@ class Resilience:
         limit: int | None = None,
         progress: Callable[[int], None] | None = None,
     ) -> DrainReport:
-        """Replay due entries of breakers that admit calls (all breakers unless one is named);
-        ``progress(n)`` hears after each batch how many entries it finished."""
+        """Replay every due entry of breakers that admit calls (all breakers unless one is
+        named), in batches paced at ``resilience_drain_rate``, waiting between them: a person's
+        drain. ``progress(n)`` hears after each batch how many entries it finished."""
         return Drainer(self.runtime, progress=progress).run(breaker, limit)
+
+    def drain_once(self, breaker: str | None = None, limit: int | None = None) -> DrainReport:
+        """Replay what may go out now and return without waiting (beat's drain task): no more
+        than the replays' queues have room for, the slow start after a close and the rate
+        ceiling allow. ``report.next_in`` says when another pass has work."""
+        return Drainer(self.runtime).step(breaker, limit)
 
     def replay(self, entry_id: str) -> ParkedTask:
         """Publish one parked entry now, whatever its breaker says."""

@@ -14,6 +14,15 @@ from typing import Any, Literal
 
 from kombu.exceptions import OperationalError as KombuOperationalError
 
+try:
+    from kombu.exceptions import BatchPublishError
+except ImportError:  # kombu < 5.7: no batch publish, so none of its errors either
+
+    class BatchPublishError(Exception):  # type: ignore[no-redef]
+        """Stands for kombu's, which this kombu does not have."""
+
+
+from .batch_marker import BatchMarker
 from .parked.entry import ParkedTask
 from .redact import get_logger
 from .replay import publish
@@ -26,6 +35,8 @@ PUBLISH_TRIES = 3
 #: Entries refused in a row, none published, after which the broker is taken to be refusing
 #: everything (out of memory, read-only) rather than those entries.
 SUSPECTS_BEFORE_OUTAGE = 3
+#: kombu's wrappers around the transport's own error.
+WRAPPERS = (KombuOperationalError, BatchPublishError)
 
 
 @dataclass(frozen=True)
@@ -54,10 +65,13 @@ class BrokerErrors:
             connection.release()
 
     def classify(self, exc: BaseException) -> PublishFailure:
-        # kombu re-raises transport errors as its OperationalError, the original as the cause.
+        # kombu re-raises transport errors as its OperationalError, and a failed batch as its
+        # BatchPublishError ("delivery is uncertain"): the broker's error is the cause.
         root = exc
-        while isinstance(root, KombuOperationalError) and root.__cause__ is not None:
+        while isinstance(root, WRAPPERS) and root.__cause__ is not None:
             root = root.__cause__
+        if isinstance(root, BatchPublishError):  # no cause: nothing says the message was bad
+            return PublishFailure("outage", root)
         if isinstance(root, self.outage):
             return PublishFailure("outage", root)
         if isinstance(root, self.refused):
@@ -87,16 +101,19 @@ class Sender:
 
     def send(self, entries: list[ParkedTask]) -> Sent:
         """Publish ``entries`` in one batch where the transport can (kombu's ``Producer.batch``:
-        one Redis pipeline), and one by one where it can't or the batch as a whole failed."""
+        one Redis pipeline, made a transaction here), and one by one where it can't or the
+        broker refused the batch."""
         if not entries or not getattr(self.producer, "supports_batch_publish", False):
             return self.one_by_one(entries)
         buffered: list[ParkedTask] = []
         made_badly: list[tuple[ParkedTask, PublishFailure]] = []
         rest: list[ParkedTask] = []
+        marker: BatchMarker | None = None
         try:
             # Room for every command of the batch: kombu would flush early otherwise, and a
             # failed early flush would surface as the error of whichever entry came next.
-            with self.producer.batch(max_size=4 * len(entries) + 16):
+            with self.producer.batch(max_size=4 * len(entries) + 16) as batch:
+                marker = BatchMarker.start(batch, self.producer, self.runtime.config.key_prefix)
                 for index, entry in enumerate(entries):
                     try:
                         publish(self.runtime, entry, self.producer)
@@ -108,12 +125,19 @@ class Sender:
                         made_badly.append((entry, failure))  # the message could not be made
                     else:
                         buffered.append(entry)
+                if marker is not None and buffered:
+                    marker.seal()
         except Exception as exc:  # the batch went to the broker and failed there
             failure = self.errors.classify(exc)
             logger.warning("Publishing a batch of %d failed (%s)", len(buffered), failure)
             if failure.kind == "outage":
+                # The reply was lost: the transaction ran whole or not at all, and its marker
+                # says which. Unknown (no marker, or the broker can't be asked): give all back.
+                if marker is not None and marker.went_out():
+                    return Sent(buffered, made_badly, rest, down=bool(rest))
                 return Sent([], [], entries, down=True)
-            # Refused: find which entry, one by one (those the broker took meanwhile go twice).
+            # Refused: the transaction was not run (the broker refused a command of it before
+            # EXEC), so nothing went out; find which entry, one by one.
             again = self.one_by_one(buffered)
             again.suspects += made_badly
             return again

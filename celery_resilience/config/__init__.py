@@ -49,6 +49,9 @@ __all__ = [
 ]
 
 RedisErrorPolicy = Literal["fail_open", "fail_closed"]
+#: Replays a queue may hold before the drain waits: with a 2-process worker prefetching 4 each,
+#: a task sent behind a full queue waits for some 16 replays, a fraction of a second.
+DEFAULT_MAX_QUEUE_DEPTH = 8
 #: The longest a ``park_on`` entry waits between replays (seconds).
 _PARK_ON_DELAY_CAP = 86400.0
 
@@ -69,6 +72,9 @@ SETTINGS = (
     "serializer",
     "drain_batch",
     "drain_rate",
+    "drain_max_queue_depth",
+    "drain_slow_start",
+    "replay_queue",
     "max_replays",
     "dead_ttl",
     "backout_max_entries",
@@ -101,6 +107,12 @@ class ResilienceConfig:
     serializer: str = "json"
     drain_batch: int = 100
     drain_rate: float = 50.0
+    #: Messages a replay's queue may hold before the drain waits for room (``None``: no check).
+    drain_max_queue_depth: int | None = DEFAULT_MAX_QUEUE_DEPTH
+    #: Entries the first drain after a breaker closes releases; doubling from there.
+    drain_slow_start: int = 2
+    #: Queue every replay goes to (``None``: the entry's own queue and routing).
+    replay_queue: str | None = None
     max_replays: int = 5
     dead_ttl: float | None = None
     backout_max_entries: int = 1_000_000
@@ -206,6 +218,13 @@ class ResilienceConfig:
             serializer=serializer(get("serializer"), conf.get("task_serializer")),
             drain_batch=_integer("resilience_drain_batch", get("drain_batch", 100)),
             drain_rate=_positive("resilience_drain_rate", get("drain_rate", 50.0)),
+            drain_max_queue_depth=_optional(
+                _integer,
+                "resilience_drain_max_queue_depth",
+                get("drain_max_queue_depth", DEFAULT_MAX_QUEUE_DEPTH),
+            ),
+            drain_slow_start=_integer("resilience_drain_slow_start", get("drain_slow_start", 2)),
+            replay_queue=_optional(_string, "resilience_replay_queue", get("replay_queue")),
             max_replays=_integer("resilience_max_replays", get("max_replays", 5)),
             dead_ttl=_optional(_positive, "resilience_dead_ttl", get("dead_ttl")),
             backout_max_entries=_integer(
