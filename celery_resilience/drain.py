@@ -128,19 +128,19 @@ class Drainer:
         def body(lock: Any, report: DrainReport) -> None:
             pace = DrainPace(self.runtime)
             room = QueueRoom(self.runtime)
-            more, busy, budget = False, False, limit
+            wanted, busy, budget = 0, False, limit
             for name in self._names(breaker, report):
                 if budget is not None and budget <= 0:
                     break
-                released, wants_more = self._step_breaker(name, budget, pace, room, report)
+                released, more = self._step_breaker(name, budget, pace, room, report)
                 budget = None if budget is None else budget - released
-                more = more or wants_more
-                busy = busy or (wants_more and room.full())
+                wanted = max(wanted, more)
+                busy = busy or (more > 0 and room.full())
             pace.save()
             if room.unreadable:
                 report.errors += 1
-            elif more:
-                wait = max(FOLLOW_UP_MIN, pace.seconds_for(max(1, report.replayed)))
+            elif wanted:  # the next pass when the bucket holds what it will want
+                wait = max(FOLLOW_UP_MIN, pace.seconds_for(wanted))
                 report.next_in = max(wait, FOLLOW_UP_BUSY) if busy else wait
 
         return self._under_lock(self.lease, body)
@@ -225,15 +225,17 @@ class Drainer:
     # -- one pass (beat) ---------------------------------------------------------------------
     def _step_breaker(
         self, name: str, budget: int | None, pace: DrainPace, room: QueueRoom, report: DrainReport
-    ) -> tuple[int, bool]:
-        """Release what breaker ``name`` allows now; (released, whether more is waiting)."""
+    ) -> tuple[int, int]:
+        """Release what breaker ``name`` allows now; (released, how many the next pass would
+        send if the rate allowed: 0 when nothing waits or the breaker decides)."""
         allowance, snapshot = self._gate(name)
         due = self.store.due(name)
         window = None
         if due and allowance is None and name != NO_BREAKER:
             window = pace.window(name, snapshot)  # closed: the slow start
-        caps = [self.config.drain_batch, due, int(pace.tokens)]
-        want = min(caps + [c for c in (allowance, window, budget) if c is not None])
+        caps = [self.config.drain_batch, due, window, budget]
+        unpaced = min(c for c in caps if c is not None)
+        want = min(c for c in (unpaced, int(pace.tokens), allowance) if c is not None)
         released = 0
         if want > 0 and not room.full():
             claimed = self.store.claim(name, want, self.lease)
@@ -245,7 +247,7 @@ class Drainer:
         pace.spend(name if window is not None else None, released, window)
         left = self._skipped(name, report)
         # A half-open breaker's probes decide (beat asks again); an open one releases nothing.
-        return released, bool(left) and allowance is None
+        return released, min(left, unpaced) if allowance is None else 0
 
     # -- everything due (a person) -----------------------------------------------------------
     def _drain_breaker(

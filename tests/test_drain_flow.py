@@ -1,0 +1,279 @@
+"""Beat's drain fills spare capacity only: one pass releases what the replays' queue has room
+for, ramps up after the breaker closes, keeps the rate as a ceiling, and never waits.
+
+As in ``test_drain.py``: no worker runs, entries are parked straight into the store, and what a
+pass published is read back from the Redis broker (a test's own queue and key prefix).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from celery_resilience import Resilience
+from celery_resilience.drain import FOLLOW_UP_BUSY, FOLLOW_UP_MIN
+from tests.test_drain import (
+    MakeResilience,
+    make_resilience,  # noqa: F401 - a fixture
+    park,
+    queue,  # noqa: F401 - a fixture
+    queue_keys,
+    sent,
+    sent_count,
+    wait_for,
+)
+
+DRAIN_TASK = "celery_resilience.drain"
+
+
+def fill(client: redis.Redis, key: str, count: int) -> None:
+    """``count`` messages already waiting in a queue's list (other tasks' work)."""
+    client.lpush(key, *[json.dumps({"other": i}) for i in range(count)])
+
+
+def replays(client: redis.Redis, queue: str) -> list[str]:
+    """Task ids of the replays (not the drain's own next pass, nor other work) in ``queue``."""
+    found = []
+    for key in queue_keys(client, queue):
+        for raw in client.lrange(key, 0, -1):
+            headers = json.loads(raw).get("headers", {})
+            if headers.get("task", DRAIN_TASK) != DRAIN_TASK:
+                found.append(headers["id"])
+    return found
+
+
+def drain_passes_sent(client: redis.Redis, queue: str) -> int:
+    """Next passes of the drain waiting in ``queue``."""
+    return sum(
+        json.loads(raw).get("headers", {}).get("task") == DRAIN_TASK
+        for key in queue_keys(client, queue)
+        for raw in client.lrange(key, 0, -1)
+    )
+
+
+@pytest.fixture
+def other_queue(redis_client: redis.Redis, queue: str) -> Iterator[str]:  # noqa: F811
+    name = f"{queue}-replays"
+    yield name
+    redis_client.delete(*queue_keys(redis_client, name), f"_kombu.binding.{name}")
+
+
+# -- back-pressure -----------------------------------------------------------------------------
+
+
+def test_a_pass_sends_only_what_the_queue_has_room_for(
+    make_resilience: MakeResilience,  # noqa: F811
+    redis_client: redis.Redis,
+    queue: str,  # noqa: F811
+) -> None:
+    # Given a queue holding 3 messages and 1 more in a priority list, and a depth of 6
+    resilience = make_resilience(drain_max_queue_depth=6, drain_slow_start=100)
+    park(resilience, 10, queue, breaker=None)
+    fill(redis_client, queue, 3)
+    fill(redis_client, f"{queue}\x06\x163", 1)
+
+    report = resilience.drain_once()
+
+    # Then 2 replays go (6 - 4), the rest waits parked, and the next pass waits for room
+    assert report.replayed == 2
+    assert len(replays(redis_client, queue)) == 2
+    assert resilience.backout.count() == 8
+    assert resilience.backout_store.in_flight() == 0
+    assert report.next_in is not None and report.next_in >= FOLLOW_UP_BUSY
+
+    # When the workers took everything, the next pass fills the queue again, no more
+    for key in queue_keys(redis_client, queue):
+        redis_client.delete(key)
+    assert resilience.drain_once().replayed == 6
+    assert sent_count(redis_client, queue) == 6
+
+
+def test_a_full_queue_releases_nothing_and_gives_every_claim_back(
+    make_resilience: MakeResilience,  # noqa: F811
+    redis_client: redis.Redis,
+    queue: str,  # noqa: F811
+) -> None:
+    resilience = make_resilience(drain_max_queue_depth=4)
+    park(resilience, 5, queue, breaker=None)
+    fill(redis_client, queue, 4)
+
+    report = resilience.drain_once()
+
+    assert (report.replayed, report.skipped) == (0, 5)
+    assert replays(redis_client, queue) == []
+    assert resilience.backout_store.due("-") == 5  # due at once for the next pass
+
+
+def test_without_a_depth_limit_the_queue_is_not_asked(
+    make_resilience: MakeResilience,  # noqa: F811
+    redis_client: redis.Redis,
+    queue: str,  # noqa: F811
+) -> None:
+    resilience = make_resilience(drain_max_queue_depth=None, drain_slow_start=100)
+    park(resilience, 30, queue, breaker=None)
+    fill(redis_client, queue, 50)
+
+    assert resilience.drain_once().replayed == 30
+
+
+# -- never waiting; the rate as a ceiling ---------------------------------------------------------
+
+
+def test_the_beat_task_returns_at_once_and_sends_its_next_pass(
+    make_resilience: MakeResilience,  # noqa: F811
+    redis_client: redis.Redis,
+    queue: str,  # noqa: F811
+) -> None:
+    # Given 30 due entries and a rate of 2/s with batches of 10 (the old drain slept ~10 s here)
+    resilience = make_resilience(
+        drain_rate=2.0, drain_batch=10, drain_slow_start=10, drain_max_queue_depth=None
+    )
+    park(resilience, 30, queue, breaker=None)
+    task = resilience.app.tasks[DRAIN_TASK]
+
+    started = time.monotonic()
+    first = task.apply().get()
+    second = task.apply().get()
+    elapsed = time.monotonic() - started
+
+    # Then the first pass sends a batch, the second finds no tokens yet, neither waits
+    assert (first["replayed"], second["replayed"]) == (10, 0)
+    assert elapsed < 2.0, elapsed
+    assert first["next_in"] == pytest.approx(5.0, abs=0.5)
+    assert second["next_in"] == pytest.approx(5.0, abs=0.5)
+    # and one next pass is on its way, not one per run
+    assert drain_passes_sent(redis_client, queue) == 1
+    assert resilience.backout.count() == 20
+
+
+def test_the_rate_is_a_ceiling_across_passes(
+    make_resilience: MakeResilience,  # noqa: F811
+    redis_client: redis.Redis,
+    queue: str,  # noqa: F811
+) -> None:
+    resilience = make_resilience(
+        drain_rate=20.0, drain_batch=10, drain_slow_start=10, drain_max_queue_depth=None
+    )
+    park(resilience, 200, queue, breaker=None)
+
+    started = time.monotonic()
+    sent_ = 0
+    while time.monotonic() - started < 1.0:
+        sent_ += resilience.drain_once().replayed
+    elapsed = time.monotonic() - started
+
+    # A full bucket (one batch) plus what 20/s adds while the passes ran
+    assert sent_ <= 10 + 20.0 * elapsed + 1
+    assert sent_ >= 20
+
+
+def test_nothing_due_leaves_the_next_pass_to_beat(
+    make_resilience: MakeResilience,  # noqa: F811
+    queue: str,  # noqa: F811
+) -> None:
+    resilience = make_resilience(drain_slow_start=10)
+    park(resilience, 3, queue, breaker=None)
+
+    report = resilience.drain_once()
+
+    assert (report.replayed, report.next_in) == (3, None)
+
+
+# -- the slow start --------------------------------------------------------------------------
+
+
+def trip_and_close(resilience: Resilience) -> None:
+    breaker = resilience.breaker("dep")
+    breaker.acquire().failure()
+    assert breaker.state == "open"
+    wait_for(lambda: breaker.state == "half_open")
+    breaker.acquire().success()  # the probe: the dependency is back
+    assert breaker.state == "closed"
+
+
+def test_after_a_close_the_drain_starts_small_and_doubles_up_to_the_batch(
+    make_resilience: MakeResilience,  # noqa: F811
+    queue: str,  # noqa: F811
+) -> None:
+    resilience = make_resilience(
+        drain_batch=16,
+        drain_slow_start=2,
+        drain_max_queue_depth=None,
+        breakers={"dep": {"failure_threshold": 1, "open_timeout": 0.2}},
+    )
+    park(resilience, 200, queue)
+    trip_and_close(resilience)
+
+    ramp = [resilience.drain_once().replayed for _ in range(5)]
+    assert ramp == [2, 4, 8, 16, 16]
+
+    # A new trip starts the ramp over
+    trip_and_close(resilience)
+    assert [resilience.drain_once().replayed for _ in range(2)] == [2, 4]
+
+
+def test_a_window_the_queue_cut_short_does_not_grow(
+    make_resilience: MakeResilience,  # noqa: F811
+    redis_client: redis.Redis,
+    queue: str,  # noqa: F811
+) -> None:
+    resilience = make_resilience(drain_batch=16, drain_slow_start=4, drain_max_queue_depth=6)
+    park(resilience, 50, queue)
+    fill(redis_client, queue, 3)
+
+    assert resilience.drain_once().replayed == 3  # a window of 4, room for 3
+    for key in queue_keys(redis_client, queue):
+        redis_client.delete(key)
+    assert resilience.drain_once().replayed == 4  # room for 6, the window still 4
+    assert resilience.drain_once().replayed == 2  # room for 2 (4 waiting), the window now 8
+
+
+def test_a_half_open_pass_sends_its_probes_only_and_leaves_the_rest_to_beat(
+    make_resilience: MakeResilience,  # noqa: F811
+    redis_client: redis.Redis,
+    queue: str,  # noqa: F811
+) -> None:
+    resilience = make_resilience(
+        drain_slow_start=100,
+        breakers={"dep": {"failure_threshold": 1, "open_timeout": 0.2, "half_open_max_calls": 2}},
+    )
+    breaker = resilience.breaker("dep")
+    breaker.acquire().failure()
+    park(resilience, 10, queue)
+    wait_for(lambda: breaker.state == "half_open")
+
+    report = resilience.drain_once()
+
+    assert (report.replayed, report.skipped, report.next_in) == (2, 8, None)
+    assert len(sent(redis_client, queue)) == 2
+
+
+# -- a queue of their own ------------------------------------------------------------------------
+
+
+def test_replays_go_to_the_replay_queue_and_its_depth_is_the_one_measured(
+    make_resilience: MakeResilience,  # noqa: F811
+    redis_client: redis.Redis,
+    queue: str,  # noqa: F811
+    other_queue: str,
+) -> None:
+    resilience = make_resilience(
+        replay_queue=other_queue, drain_max_queue_depth=5, drain_slow_start=100
+    )
+    options = {"queue": queue, "exchange": "", "routing_key": queue}
+    entries = park(resilience, 8, queue, breaker=None, options=options)
+    fill(redis_client, queue, 20)  # the app's own queue is busy: not the replays' concern
+
+    report = resilience.drain_once()
+
+    assert report.replayed == 5
+    assert len(replays(redis_client, other_queue)) == 5
+    assert replays(redis_client, queue) == []
+    # A replay by hand goes there too
+    left = {e.id for e in resilience.backout.list()}
+    resilience.backout.replay(next(e.id for e in entries if e.id in left))
+    assert len(replays(redis_client, other_queue)) == 6
