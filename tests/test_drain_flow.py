@@ -15,7 +15,7 @@ import pytest
 import redis
 
 from celery_resilience import Resilience
-from celery_resilience.drain import FOLLOW_UP_BUSY, FOLLOW_UP_MIN
+from celery_resilience.drain import FOLLOW_UP_BUSY
 from tests.test_drain import (
     MakeResilience,
     make_resilience,  # noqa: F401 - a fixture
@@ -35,10 +35,10 @@ def fill(client: redis.Redis, key: str, count: int) -> None:
     client.lpush(key, *[json.dumps({"other": i}) for i in range(count)])
 
 
-def replays(client: redis.Redis, queue: str) -> list[str]:
-    """Task ids of the replays (not the drain's own next pass, nor other work) in ``queue``."""
+def replays(client: redis.Redis, name: str) -> list[str]:
+    """Task ids of the replays (not the drain's own next pass, nor other work) in queue ``name``."""
     found = []
-    for key in queue_keys(client, queue):
+    for key in queue_keys(client, name):
         for raw in client.lrange(key, 0, -1):
             headers = json.loads(raw).get("headers", {})
             if headers.get("task", DRAIN_TASK) != DRAIN_TASK:
@@ -46,11 +46,11 @@ def replays(client: redis.Redis, queue: str) -> list[str]:
     return found
 
 
-def drain_passes_sent(client: redis.Redis, queue: str) -> int:
-    """Next passes of the drain waiting in ``queue``."""
+def drain_passes_sent(client: redis.Redis, name: str) -> int:
+    """Next passes of the drain waiting in queue ``name``."""
     return sum(
         json.loads(raw).get("headers", {}).get("task") == DRAIN_TASK
-        for key in queue_keys(client, queue)
+        for key in queue_keys(client, name)
         for raw in client.lrange(key, 0, -1)
     )
 
@@ -83,7 +83,8 @@ def test_a_pass_sends_only_what_the_queue_has_room_for(
     assert len(replays(redis_client, queue)) == 2
     assert resilience.backout.count() == 8
     assert resilience.backout_store.in_flight() == 0
-    assert report.next_in is not None and report.next_in >= FOLLOW_UP_BUSY
+    assert report.next_in is not None
+    assert report.next_in >= FOLLOW_UP_BUSY
 
     # When the workers took everything, the next pass fills the queue again, no more
     for key in queue_keys(redis_client, queue):
