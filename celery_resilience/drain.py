@@ -237,7 +237,7 @@ class Drainer:
         unpaced = min(c for c in caps if c is not None)
         want = min(c for c in (unpaced, int(pace.tokens), allowance) if c is not None)
         released = 0
-        if want > 0 and not room.full():
+        if want > 0:  # claimed first: which queue an entry goes to is in the entry
             claimed = self.store.claim(name, want, self.lease)
             go, wait = room.fit(claimed)
             if wait:  # their queue is full: due again at once, for the next pass

@@ -89,7 +89,7 @@ class QueueRoom:
         return go, wait
 
     def full(self) -> bool:
-        """Whether every queue measured so far is full (a later claim would only wait too)."""
+        """Whether every queue measured so far is full (the next pass waits longer)."""
         return bool(self._room) and all(room <= 0 for room in self._room.values())
 
     def _measure(self, queue: str) -> int:
