@@ -5,10 +5,10 @@ waits for all of them. So the drain sends a replay only while its queue holds fe
 ``resilience_drain_max_queue_depth`` messages, and at most the difference per run.
 
 The depth is the broker's own count: on Redis, kombu's ``LLEN`` of the queue's list and of the
-extra list kept per priority step (``<queue>\\x06\\x16<step>``); on RabbitMQ, the
-``message_count`` of a passive ``queue_declare``. Both come through kombu's passive declare, so
-its transport names the lists. Messages a worker already prefetched are not in the queue: the
-default leaves room for them (see :data:`~celery_resilience.config.DEFAULT_MAX_QUEUE_DEPTH`).
+extra list kept per priority step (``<queue>\\x06\\x16<step>``), counted by kombu's transport so
+that it names the lists (and applies its ``global_keyprefix``); on RabbitMQ, the
+``message_count`` of a passive ``queue_declare``. Messages a worker already prefetched are not
+in the queue: the default leaves room for them (``config.DEFAULT_MAX_QUEUE_DEPTH``).
 """
 
 from __future__ import annotations
@@ -47,17 +47,20 @@ def target_queue(runtime: Runtime, entry: ParkedTask) -> str:
 def queue_depth(app: Any, queue: str) -> int:
     """Messages waiting in ``queue`` on the app's broker (0 for a queue that does not exist)."""
     with app.pool.acquire(block=True, timeout=POOL_TIMEOUT) as connection:
-        # A failed passive declare closes an AMQP channel: use one of its own there. Virtual
-        # transports (Redis) raise without closing anything, and a new channel costs a client.
-        virtual = isinstance(connection.default_channel, VirtualChannel)
-        channel = connection.default_channel if virtual else connection.channel()
+        channel = connection.default_channel
+        if isinstance(channel, VirtualChannel):
+            # The transport's own count (Redis: LLEN of the queue's list and of each priority
+            # list). Not its passive declare: on Redis that asks EXISTS, which kombu's
+            # ``global_keyprefix`` does not cover, so a prefixed queue would always look absent.
+            return int(channel._size(queue))
+        # A failed passive declare closes an AMQP channel: use one of its own.
+        channel = connection.channel()
         try:
             return int(channel.queue_declare(queue=queue, passive=True).message_count)
-        except connection.channel_errors:  # NOT_FOUND: nothing was ever sent there, or all taken
+        except connection.channel_errors:  # NOT_FOUND: nothing was ever sent there
             return 0
         finally:
-            if not virtual:
-                channel.close()
+            channel.close()
 
 
 class QueueRoom:

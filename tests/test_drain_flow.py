@@ -8,14 +8,19 @@ pass published is read back from the Redis broker (a test's own queue and key pr
 from __future__ import annotations
 
 import json
+import os
+import socket
 import time
+import uuid
 from collections.abc import Iterator
 
 import pytest
 import redis
+from celery import Celery
 
 from celery_resilience import Resilience
 from celery_resilience.drain import FOLLOW_UP_BUSY
+from celery_resilience.queue_room import queue_depth
 from tests.test_drain import (
     MakeResilience,
     make_resilience,  # noqa: F401 - a fixture
@@ -278,3 +283,62 @@ def test_replays_go_to_the_replay_queue_and_its_depth_is_the_one_measured(
     left = {e.id for e in resilience.backout.list()}
     resilience.backout.replay(next(e.id for e in entries if e.id in left))
     assert len(replays(redis_client, other_queue)) == 6
+
+
+# -- the depth, as each broker counts it -------------------------------------------------------
+
+
+def test_the_depth_of_a_queue_under_kombus_global_key_prefix_is_counted(
+    redis_url: str,
+    key_prefix: str,
+    redis_client: redis.Redis,
+    queue: str,  # noqa: F811
+) -> None:
+    # Given a Redis broker whose keys live under a global prefix, and 3 messages (1 of them in a
+    # priority list) waiting in the queue
+    app = Celery("prefixed", broker=redis_url, set_as_current=False)
+    app.conf.broker_transport_options = {"global_keyprefix": f"{key_prefix}:broker:"}
+    app.conf.resilience_key_prefix = key_prefix
+    app.conf.resilience_drain_max_queue_depth = 5
+    app.conf.resilience_drain_slow_start = 100
+    for priority in (None, None, 9):
+        app.send_task("t.other", queue=queue, priority=priority)
+    assert redis_client.llen(f"{key_prefix}:broker:{queue}") == 2
+    resilience = Resilience.install(app, Resilience(app))
+    try:
+        assert queue_depth(app, queue) == 3
+        assert queue_depth(app, f"{queue}-never-used") == 0
+        park(resilience, 10, queue, breaker=None)
+
+        # Then a pass fills the queue up to 5, no more
+        assert resilience.drain_once().replayed == 2
+        assert queue_depth(app, queue) == 5
+    finally:
+        resilience.close()
+        app.close()
+
+
+def amqp_or_skip() -> None:
+    try:
+        with socket.create_connection(("127.0.0.1", 5672), timeout=1):
+            return
+    except OSError:
+        if os.environ.get("CI"):
+            pytest.fail("no RabbitMQ on 127.0.0.1:5672 (CI must have it)")
+        pytest.skip("no RabbitMQ on 127.0.0.1:5672")
+
+
+def test_the_depth_of_a_rabbitmq_queue_is_its_passive_declare_count() -> None:
+    amqp_or_skip()
+    app = Celery("amqp", broker="amqp://guest:guest@127.0.0.1:5672//", set_as_current=False)
+    name = f"drain-depth-{uuid.uuid4().hex[:8]}"
+    try:
+        assert queue_depth(app, name) == 0  # not declared yet: no queue, no messages
+        for _ in range(3):
+            app.send_task("t.other", queue=name)
+        wait_for(lambda: queue_depth(app, name) == 3)
+        assert queue_depth(app, name) == 3  # and the connection is still usable after a miss
+    finally:
+        with app.connection_for_write() as connection:
+            connection.default_channel.queue_delete(name)
+        app.close()
