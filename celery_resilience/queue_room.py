@@ -52,7 +52,7 @@ def queue_depth(app: Any, queue: str) -> int:
             # The transport's own count (Redis: LLEN of the queue's list and of each priority
             # list). Not its passive declare: on Redis that asks EXISTS, which kombu's
             # ``global_keyprefix`` does not cover, so a prefixed queue would always look absent.
-            return int(channel._size(queue))
+            return int(channel._size(queue))  # type: ignore[no-untyped-call]
         # A failed passive declare closes an AMQP channel: use one of its own.
         channel = connection.channel()
         try:
