@@ -43,7 +43,7 @@ DEFAULT_LEASE = 60.0
 #: short task of its own, and this bounds how often one runs.
 FOLLOW_UP_MIN = 0.25
 #: Wait before the next pass when the replays' queue was full (seconds): the workers are busy.
-FOLLOW_UP_BUSY = 1.0
+FOLLOW_UP_BUSY = 0.5
 
 
 @dataclass
