@@ -1,10 +1,11 @@
 """Sending claimed entries to the broker in batches, and telling a broker outage from an entry
 the broker will never take.
 
-kombu's ``Producer.batch`` sends a whole batch in one Redis pipeline; when the transport can't,
-or the batch as a whole failed, entries go one by one, so that an error that belongs to one
-entry (it can't be encoded, a queue the broker refuses, a size limit) never stops the entries
-behind it.
+kombu's ``Producer.batch`` sends a whole batch in one Redis pipeline, made a transaction with a
+marker here (``batch_marker.py``): a batch whose reply was lost is acknowledged if it ran and
+given back if not, never sent again in part. When the transport can't batch, or the broker
+refused the batch, entries go one by one, so that an error that belongs to one entry (it can't
+be encoded, a queue the broker refuses, a size limit) never stops the entries behind it.
 """
 
 from __future__ import annotations
