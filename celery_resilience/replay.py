@@ -200,7 +200,7 @@ def load_task_modules(app: Any) -> None:
     """Import the app's task modules once, as its workers do at start (again after a failure).
 
     A process that is not a worker (the CLI, a web process) has not run autodiscovery: a task
-    found only that way would look unregistered there.
+    found only that way would look absent there, and its arguments go unchecked.
     """
     with _loading:
         if app in _loaded:
@@ -233,7 +233,7 @@ def replay(runtime: Runtime, entry_id: str) -> ParkedTask:
 
     ``KeyError`` if absent; ``ValueError`` saying why if a worker would refuse it (an expired
     entry is marked dead on the way, as the drain would). A dead entry is sent if its cause is
-    gone (its task registered again, its arguments fitting, not expired): its workflow, failed
+    gone (its arguments fitting, not expired): its workflow, failed
     when it died, is not revived.
     """
     store = runtime.backout_store

@@ -41,7 +41,7 @@ def replay(admin: Any, request: Any, backout: Backout, entry_ids: Iterable[str])
             backout.replay(entry_id)
         except KeyError:
             failures.append(f"{entry_id} is no longer in the store")
-        except (ValueError, TimeoutError) as exc:  # undecodable, unregistered, bad args, locked
+        except (ValueError, TimeoutError) as exc:  # undecodable, bad args, expired, locked
             failures.append(f"{entry_id}: {Truncator(str(exc)).chars(200)}")
         except Exception as exc:  # the broker refused: the entry stays parked
             logger.exception("Replay of %s from the admin failed", entry_id)
