@@ -5,8 +5,8 @@ The ``WORKERAPP_*`` variables are those of ``tests.workerapp``; besides them:
 
 =======================  ====================================================================
 BEATAPP_DRAIN_EVERY      seconds between two drains (default 1)
-BEATAPP_DRAIN_RATE       ``resilience_drain_rate`` (default 10 tasks/s: a drain of 40 entries
-                         lasts long enough for a second beat's drain to meet it)
+BEATAPP_DRAIN_RATE       ``resilience_drain_rate`` (default 10 tasks/s: 40 entries take several
+                         drain passes)
 BEATAPP_DRAIN_BATCH      ``resilience_drain_batch`` (default 5)
 BEATAPP_SCHEDULE         ``entry`` (default): the drain is in ``beat_schedule``; ``none``: it is
                          not (a ``PeriodicTask`` row made by ``periodic_task`` runs it)
