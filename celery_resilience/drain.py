@@ -27,7 +27,7 @@ import redis
 
 from .drain_batch import BatchPublisher
 from .drain_lock import drain_lock
-from .drain_pace import DrainPace
+from .drain_pace import DrainPace, TokenBucket
 from .errors import StoreUnavailable
 from .parked.entry import ParkedTask
 from .parked.store import NO_BREAKER, BackoutStore
@@ -66,26 +66,6 @@ class DrainReport:
     def as_dict(self) -> dict[str, Any]:
         """The report as plain data (the ``celery_resilience.drain`` task's result)."""
         return asdict(self)
-
-
-class TokenBucket:
-    """``rate`` tokens per second, at most ``capacity`` saved up."""
-
-    def __init__(self, rate: float, capacity: float) -> None:
-        self.rate, self.capacity = rate, max(capacity, 1.0)
-        self.tokens = self.capacity
-        self._last = time.monotonic()
-
-    def take(self, n: int) -> None:
-        """Block until ``n`` tokens are there, then spend them."""
-        while True:
-            now = time.monotonic()
-            self.tokens = min(self.capacity, self.tokens + (now - self._last) * self.rate)
-            self._last = now
-            if self.tokens >= n or self.tokens >= self.capacity:
-                self.tokens -= n
-                return
-            time.sleep((min(n, self.capacity) - self.tokens) / self.rate)
 
 
 class Drainer:

@@ -16,6 +16,7 @@ With ``memory://`` the state lives in the process (one process holds everything 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -86,6 +87,27 @@ class DrainPace:
                 return dict(_memory.get(id(self.runtime), {}))
         raw = self.runtime.redis.hgetall(pace_key(self.config.key_prefix))
         return {_text(k): _text(v) for k, v in raw.items()}
+
+
+class TokenBucket:
+    """``rate`` tokens per second, at most ``capacity`` saved up, in the process: a person's
+    drain (``Drainer.run``), which may wait for them."""
+
+    def __init__(self, rate: float, capacity: float) -> None:
+        self.rate, self.capacity = rate, max(capacity, 1.0)
+        self.tokens = self.capacity
+        self._last = time.monotonic()
+
+    def take(self, n: int) -> None:
+        """Block until ``n`` tokens are there, then spend them."""
+        while True:
+            now = time.monotonic()
+            self.tokens = min(self.capacity, self.tokens + (now - self._last) * self.rate)
+            self._last = now
+            if self.tokens >= n or self.tokens >= self.capacity:
+                self.tokens -= n
+                return
+            time.sleep((min(n, self.capacity) - self.tokens) / self.rate)
 
 
 def _text(value: Any) -> str:
