@@ -149,8 +149,8 @@ def test_the_beat_task_returns_at_once_and_sends_its_next_pass(
     # Then the first pass sends a batch, the second finds no tokens yet, neither waits
     assert (first["replayed"], second["replayed"]) == (10, 0)
     assert elapsed < 2.0, elapsed
-    assert first["next_in"] == pytest.approx(5.0, abs=0.5)
-    assert second["next_in"] == pytest.approx(5.0, abs=0.5)
+    assert first["next_in"] == pytest.approx(5.0, abs=0.5)  # 10 tokens at 2/s
+    assert 2.5 < second["next_in"] <= 5.0  # what the bucket got back meanwhile counts
     # and one next pass is on its way, not one per run
     assert drain_passes_sent(redis_client, queue) == 1
     assert resilience.backout.count() == 20
