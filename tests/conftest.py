@@ -10,6 +10,7 @@ import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 import redis
@@ -19,6 +20,14 @@ from celery_resilience.contrib.pytest import delete_prefix
 pytest_plugins = ("pytester",)
 
 REDIS_URL = os.environ.get("RESILIENCE_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+
+
+def service_missing(why: str) -> NoReturn:
+    """A service a test needs is missing: a skip on a contributor's machine, a failure in CI
+    (``CI`` set), which starts every service the suite uses."""
+    if os.environ.get("CI"):
+        pytest.fail(why)
+    pytest.skip(why)
 
 
 @pytest.fixture(scope="session")

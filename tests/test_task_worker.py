@@ -18,6 +18,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import pytest
 import redis
@@ -26,12 +27,14 @@ from celery import Celery
 from celery_resilience import Resilience
 from celery_resilience.parked.entry import ParkedTask
 
+from .conftest import service_missing
+from .redis_server import free_port
 from .worker_process import WorkerProcess, wait_until
 from .workerapp import broker_keyprefix, make_app
 
 pytestmark = pytest.mark.slow
 
-AMQP_URL = "amqp://guest:guest@127.0.0.1:5672//"
+AMQP_URL = os.environ.get("RESILIENCE_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
 WAIT = 20.0
 #: Time a retry may take beyond its countdown: the retry's publish, the worker's ETA timer,
 #: the delivery and the next attempt's start, on a busy 2-core machine.
@@ -183,12 +186,13 @@ def countdowns_logged(logs: str) -> dict[tuple[str, int], float]:
     return {(t, int(n)): float(c) for t, n, c in RETRY_LOG.findall(logs)}
 
 
-def amqp_reachable() -> bool:
+def require_rabbitmq(url: str = AMQP_URL) -> None:
+    """Skip where RabbitMQ is not running (a contributor's machine); fail in CI, which has it."""
+    where = urlparse(url)
     try:
-        socket.create_connection(("127.0.0.1", 5672), timeout=1).close()
-    except OSError:
-        return False
-    return True
+        socket.create_connection((where.hostname, where.port or 5672), timeout=1).close()
+    except OSError as exc:
+        service_missing(f"no RabbitMQ at {where.hostname}:{where.port or 5672} ({exc})")
 
 
 # -- 1. backoff, one breaker for the fleet, recovery -------------------------------------------
@@ -373,8 +377,8 @@ def test_delay_above_max_countdown_is_parked_with_due_at_not_sent_as_eta(
 
 
 # -- 5. the same fleet breaker over RabbitMQ ---------------------------------------------------
-@pytest.mark.skipif(not amqp_reachable(), reason="no RabbitMQ on 127.0.0.1:5672")
 def test_breaker_opens_and_parks_with_rabbitmq_broker(make_world: Callable[..., World]) -> None:
+    require_rabbitmq()
     world = make_world(broker=AMQP_URL, failure_threshold=3, open_timeout=60, backoff_base=0.1)
     worker = world.start_worker()
     breaker = world.resilience.breaker("dep")
@@ -394,6 +398,17 @@ def test_breaker_opens_and_parks_with_rabbitmq_broker(make_world: Callable[..., 
     assert worker.log().count("Breaker 'dep' opened") == 1
     counts = world.assert_ledger()
     assert counts["parked"] == 5
+
+
+@pytest.mark.parametrize(
+    ("ci", "outcome"), [("1", pytest.fail.Exception), ("", pytest.skip.Exception)]
+)
+def test_a_missing_rabbitmq_fails_in_ci_and_skips_elsewhere(
+    monkeypatch: pytest.MonkeyPatch, ci: str, outcome: type[BaseException]
+) -> None:
+    monkeypatch.setenv("CI", ci)
+    with pytest.raises(outcome, match=r"no RabbitMQ at 127\.0\.0\.1"):
+        require_rabbitmq(f"amqp://guest:guest@127.0.0.1:{free_port()}//")
 
 
 # -- 6. kill -9 of a pool child mid-task -------------------------------------------------------
