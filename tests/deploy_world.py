@@ -27,9 +27,10 @@ from celery_resilience.contrib.pytest import delete_prefix
 from celery_resilience.metrics import ResilienceCollector
 from celery_resilience.parked import Filter
 from tests import deployapp
-from tests.conftest import REDIS_URL
+from tests.conftest import REDIS_URL, service_missing
 from tests.redis_server import REDIS_SERVER
 from tests.worker_process import ROOT, WorkerProcess
+from tests.workerapp import broker_keyprefix
 
 CLI_TIMEOUT = 60.0
 #: One scrape of the metrics collector: ``{(sample name, labels): value}``.
@@ -40,10 +41,7 @@ def require_redis_7() -> None:
     """Skip where Debian's Redis 7 is missing (its sentinel and cluster tools); fail in CI."""
     if Path(REDIS_SERVER).is_absolute():
         return
-    why = "Debian's redis-server (Redis 7) is not installed at /usr/bin/redis-server"
-    if os.environ.get("CI"):
-        pytest.fail(why)
-    pytest.skip(why)
+    service_missing("Debian's redis-server (Redis 7) is not installed at /usr/bin/redis-server")
 
 
 def world_env(prefix: str, redis_url: str, **extra: str) -> dict[str, str]:
@@ -121,6 +119,26 @@ class World:
                 acked[task_id] = meta["result"]["entry_id"]
         return acked
 
+    def whereabouts(self, task_ids: list[str]) -> dict[str, dict[str, Any]]:
+        """Where each of ``task_ids`` is (for a test's failure message): its messages in the
+        broker (``queued`` or held ``unacked`` by a worker, with their ETA and retries), its
+        state in the result backend, the bodies that ran, and the worker's log lines naming it."""
+        broker = broker_keyprefix(self.prefix)
+        queued = self.ledger.lrange(f"{broker}{self.env['WORKERAPP_QUEUE']}", 0, -1)
+        unacked = self.ledger.hvals(f"{broker}unacked")
+        runs, log = self.runs(), self.worker.log() if self.worker is not None else ""
+        found: dict[str, dict[str, Any]] = {}
+        for task_id in task_ids:
+            meta = self.ledger.get(f"{self.prefix}:celery-task-meta-{task_id}")
+            found[task_id] = {
+                "queued": [_headers(m) for m in queued if task_id.encode() in m],
+                "unacked": [_headers(json.loads(m)[0]) for m in unacked if task_id.encode() in m],
+                "state": json.loads(meta)["status"] if meta else None,
+                "runs": runs.get(task_id, 0),
+                "log": [line for line in log.splitlines() if task_id in line][-6:],
+            }
+        return found
+
     def parked_task_ids(self, breaker: str | None = None) -> list[str]:
         """Task ids of the store's entries (one per entry: a task parked twice shows twice)."""
         store = self.res.backout_store
@@ -180,6 +198,16 @@ class World:
             return str(response.content.decode())
         finally:
             user.delete()
+
+
+def _headers(message: Any) -> dict[str, Any]:
+    """The headers of a kombu message (raw JSON or decoded) that say when and how often."""
+    raw = json.loads(message) if isinstance(message, bytes) else message
+    headers = raw.get("headers", {})
+    return {k: headers.get(k) for k in ("eta", "retries")} | {
+        "redelivered": raw.get("properties", {}).get("delivery_info", {}).get("redelivered")
+        or headers.get("redelivered")
+    }
 
 
 def metric(samples: Samples, name: str, **labels: str) -> float | None:

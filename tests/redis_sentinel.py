@@ -112,8 +112,11 @@ class SentinelDeployment:
         with self.sentinel_client() as client:
             client.execute_command("SENTINEL", "FAILOVER", MASTER_NAME)
 
+    def processes(self) -> list[RedisServer]:
+        return [self.sentinel, *self.servers]
+
     def close(self) -> None:
-        for process in (self.sentinel, *self.servers):
+        for process in self.processes():
             process.close()
 
     def __enter__(self) -> SentinelDeployment:

@@ -229,7 +229,15 @@ def drill(deployment: SentinelDeployment, world: World) -> Drill:
     def settled() -> bool:
         return set(published) <= world.succeeded() | set(world.acked_parks(published))
 
-    wait_until(settled, "every published task to end succeeded or parked", 90, poll=0.2)
+    try:
+        wait_until(settled, "every published task to end succeeded or parked", 90, poll=0.2)
+    except AssertionError as timeout:
+        missing = sorted(set(published) - world.succeeded() - set(world.acked_parks(published)))
+        where = json.dumps(world.whereabouts(missing), indent=1)
+        logs = "\n".join(f"--- {s.port}\n{s.log()[-4000:]}" for s in deployment.processes())
+        raise AssertionError(
+            f"{timeout}: {len(missing)} neither ran nor parked:\n{where}\n{logs}"
+        ) from None
     acked = world.acked_parks(published)
     times = [parked_at(store, e) for e in acked.values()]
     return Drill(
