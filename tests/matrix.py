@@ -13,9 +13,14 @@ that the tests break on purpose, and a ledger kept where no fault reaches it.
   result backend.
 
 A cell publishes known task ids, applies a fault at one step, heals it, brings everything home
-(dependency up, breaker reset, parked entries replayed) and checks its :class:`Ledger`: every id
-succeeded exactly once, or is dead in the store with a reason, or failed in its own code. An id
-found nowhere fails the cell, naming it.
+(dependency up, breaker reset, parked entries replayed, no message of its ids left in the broker)
+and checks its :class:`Ledger`: every id succeeded exactly once, or is dead in the store with a
+reason, or failed in its own code. An id found nowhere fails the cell, naming it.
+
+Duplicates are counted, not hidden: ``charge`` runs without ``deduplicate`` (``charge_once``
+has it), the ledger counts the bodies run per id, the store's entries per id (a double park
+shows as two), and the messages published per id as the broker saw them
+(:class:`~tests.broker_tap.BrokerTap`).
 """
 
 from __future__ import annotations
@@ -25,8 +30,8 @@ import json
 import os
 import subprocess
 import sys
-import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +44,7 @@ from celery_resilience import Resilience
 from celery_resilience.contrib.pytest import delete_prefix
 from celery_resilience.parked.entry import ParkedTask
 
+from .broker_tap import BrokerTap
 from .faults import FaultProxy, make_user
 from .redis_server import RedisServer
 from .worker_process import WorkerProcess, wait_until
@@ -67,6 +73,10 @@ class Ledger:
     entries: dict[str, ParkedTask]
     failed: set[str]
     during: dict[str, int] = field(default_factory=dict)
+    #: Task id -> entries in the store (``entries`` keeps one of them).
+    stored: dict[str, int] = field(default_factory=dict)
+    #: Task id -> messages published for it (the test's own, retries, kept copies, replays).
+    messages: dict[str, int] = field(default_factory=dict)
 
     @property
     def succeeded(self) -> set[str]:
@@ -75,6 +85,10 @@ class Ledger:
     @property
     def duplicated(self) -> set[str]:
         return {t for t in self.published if self.runs.get(t, 0) > 1}
+
+    @property
+    def parked_twice(self) -> set[str]:
+        return {t for t in self.published if self.stored.get(t, 0) > 1}
 
     def with_status(self, status: str) -> set[str]:
         return {t for t, e in self.entries.items() if e.status == status and t in self.published}
@@ -96,6 +110,8 @@ class Ledger:
             "published": len(self.published),
             "succeeded": len(self.succeeded),
             "duplicated": len(self.duplicated),
+            "parked_twice": len(self.parked_twice),
+            "messages": sum(self.messages.get(t, 0) for t in self.published),
             "parked": len(self.with_status("parked")),
             "dead": len(self.with_status("dead")),
             "failure": len(self.own_failures),
@@ -103,8 +119,16 @@ class Ledger:
             **{f"during_{k}": v for k, v in self.during.items()},
         }
 
-    def check(self, *, dead: int = 0, failed: int = 0, duplicates: int = 0) -> None:
-        """No id lost, none both succeeded and stored; the expected dead and failed counts."""
+    def check(
+        self,
+        *,
+        dead: int = 0,
+        failed: int = 0,
+        duplicates: int = 0,
+        messages: dict[str, int] | None = None,
+    ) -> None:
+        """No id lost, none both succeeded and stored, none parked twice; the expected dead,
+        failed and duplicated (run twice) counts, and messages per id where given."""
         TABLE.append(self.row())
         print(f"ledger {self.row()}")
         if os.environ.get(TABLE_ENV):  # the matrix as a table, for the docs
@@ -116,6 +140,10 @@ class Ledger:
         assert len(self.with_status("dead")) == dead, (self.cell, self.entries)
         assert len(self.own_failures) == failed, (self.cell, self.own_failures)
         assert len(self.duplicated) == duplicates, (self.cell, self.duplicated, self.runs)
+        assert not self.parked_twice, (self.cell, self.stored)
+        if messages is not None:
+            seen = {t: self.messages.get(t, 0) for t in self.published}
+            assert seen == {t: messages.get(t, 1) for t in self.published}, (self.cell, seen)
         assert not self.with_status("parked"), f"{self.cell}: still parked"
 
 
@@ -130,6 +158,7 @@ class MatrixWorld:
         self.store = RedisServer(appendonly=True).start()
         self.broker_admin = self.broker.client()
         self.store_admin = self.store.client()
+        self.tap = BrokerTap(self.broker.client(), broker_keyprefix(self.prefix) + self.queue)
         for admin in (self.broker_admin, self.store_admin):
             make_user(admin, USER, PASSWORD)
         self.broker_proxy = FaultProxy(self.broker.port)
@@ -140,7 +169,7 @@ class MatrixWorld:
             "WORKERAPP_PREFIX": self.prefix,
             "WORKERAPP_QUEUE": self.queue,
             "WORKERAPP_LEDGER": ledger_url,
-            "WORKERAPP_DEDUPLICATE": "1",
+            "WORKERAPP_DEDUPLICATE": "0",
             "WORKERAPP_KEEP_DELAY": "0.5",
             "WORKERAPP_REDIS_TIMEOUT": "0.5",
             "WORKERAPP_FAILURE_THRESHOLD": "3",
@@ -227,6 +256,10 @@ class MatrixWorld:
     def entries(self) -> dict[str, ParkedTask]:
         return {e.task_id: e for e in self.resilience.backout.list(limit=100_000)}
 
+    def stored(self) -> dict[str, int]:
+        """Task id -> entries the store holds for it (more than one: parked twice)."""
+        return dict(Counter(e.task_id for e in self.resilience.backout.list(limit=100_000)))
+
     def failed(self, ids: Iterable[str]) -> set[str]:
         return {t for t in ids if self.app.AsyncResult(t).state == "FAILURE"}
 
@@ -273,8 +306,22 @@ class MatrixWorld:
             return not open_ids or not (set(open_ids) - self.failed(open_ids))
 
         wait_for(home, f"{cell}: every id to succeed, die or fail")
-        time.sleep(0.3)  # a duplicate would show up now
-        return Ledger(cell, ids, self.runs(), self.entries(), self.failed(ids), during or {})
+        return self.ledger_of(cell, ids, during or {})
+
+    def ledger_of(self, cell: str, ids: list[str], during: dict[str, int]) -> Ledger:
+        """The ledger once no message of ``ids`` is left in the broker: a duplicate (a second
+        message, one restored after the visibility timeout) has run by then."""
+        wait_for(lambda: not self.in_broker(ids), f"{cell}: no message left in the broker")
+        return Ledger(
+            cell,
+            ids,
+            self.runs(),
+            self.entries(),
+            self.failed(ids),
+            during,
+            self.stored(),
+            self.tap.messages(ids),
+        )
 
     def heal(self) -> None:
         self.store_proxy.release()
@@ -288,6 +335,7 @@ class MatrixWorld:
         self.store_proxy.close()
         self.broker_proxy.close()
         self.app.close()
+        self.tap.close()
         for client in (self.broker_admin, self.store_admin):
             client.close()
         self.broker.close()

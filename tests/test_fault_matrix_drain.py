@@ -6,8 +6,10 @@ resilience Redis hung or answering NOPERM, OOM or READONLY at that very script (
 the drainer there while the fault is applied); the broker refusing every publish, or one
 entry's queue (ACLs); an entry that can't be decoded, or encoded for the broker; an entry whose
 ``expires`` passed while it was parked; ``kill -9`` of a drainer process at that step. Entries
-are parked straight into the store (due now), as a worker would have; every task runs with
-``deduplicate=True``, so a replay published twice runs once.
+are parked straight into the store (due now), as a worker would have. ``charge`` runs without
+``deduplicate``: the ledger counts every body run and every message the broker took per id, and
+each cell says how many it expects (one per id, none for a dead entry); the cells of a lost ack
+show both ``charge`` (run twice) and ``charge_once`` (``deduplicate=True``: run once).
 """
 
 from __future__ import annotations
@@ -94,8 +96,7 @@ def settle(world: MatrixWorld, cell: str, ids: list[str], during: dict[str, int]
         )
 
     wait_for(home, f"{cell}: every id replayed and run, or dead")
-    time.sleep(0.3)
-    return Ledger(cell, ids, world.runs(), world.entries(), world.failed(ids), during)
+    return world.ledger_of(cell, ids, during)
 
 
 def still_parked(world: MatrixWorld, ids: list[str]) -> dict[str, int]:
@@ -119,7 +120,7 @@ def test_claim_with_redis_hung_reports_and_loses_nothing(world: MatrixWorld) -> 
     assert held.is_set()
     assert (report.errors, report.replayed) == (1, 0)
     during = still_parked(world, ids)
-    settle(world, "claim / Redis hung", ids, during).check()
+    settle(world, "claim / Redis hung", ids, during).check(messages={})
 
 
 @pytest.mark.parametrize("fault", ["NOPERM", "OOM", "READONLY"])
@@ -137,7 +138,7 @@ def test_claim_with_redis_answering_errors_reports_and_loses_nothing(
         report = drain_through_faults(world)
         assert (report.errors, report.replayed) == (1, 0)
         during = still_parked(world, ids)
-    settle(world, f"claim / {fault}", ids, during).check()
+    settle(world, f"claim / {fault}", ids, during).check(messages={})
 
 
 def test_claim_with_the_drainer_killed_there_loses_nothing(world: MatrixWorld) -> None:
@@ -148,7 +149,7 @@ def test_claim_with_the_drainer_killed_there_loses_nothing(world: MatrixWorld) -
     kill(drainer)
     world.store_proxy.release()
     during = still_parked(world, ids)
-    settle(world, "claim / kill -9 drainer", ids, during).check()
+    settle(world, "claim / kill -9 drainer", ids, during).check(messages={})
 
 
 # -- decoding an entry ----------------------------------------------------------------------------
@@ -165,7 +166,7 @@ def test_an_entry_that_cannot_be_decoded_is_quarantined_and_the_rest_drain(
     corrupt = world.resilience.backout.get("garbage-entry")
     assert corrupt is not None
     assert (corrupt.status, corrupt.dead_reason) == ("dead", "undecodable")
-    settle(world, "decode / undecodable entry", ids, {"dead_undecodable": 1}).check()
+    settle(world, "decode / undecodable entry", ids, {"dead_undecodable": 1}).check(messages={})
     world.resilience.backout.delete("garbage-entry")
 
 
@@ -178,7 +179,7 @@ def test_a_broker_refusing_every_publish_gives_the_entries_back(world: MatrixWor
         report = drain_through_faults(world)
     assert (report.replayed, report.dead, report.errors) == (0, 0, 1)
     during = still_parked(world, ids)
-    settle(world, "replay publish / broker refuses all", ids, during).check()
+    settle(world, "replay publish / broker refuses all", ids, during).check(messages={})
 
 
 def test_a_queue_the_broker_refuses_kills_that_entry_only(world: MatrixWorld) -> None:
@@ -193,7 +194,8 @@ def test_a_queue_the_broker_refuses_kills_that_entry_only(world: MatrixWorld) ->
     assert entry.status == "dead"
     assert entry.dead_reason is not None
     assert entry.dead_reason.startswith("unpublishable: NoPermissionError")
-    settle(world, "replay publish / broker refuses one queue", [*good, bad], {}).check(dead=1)
+    cell = "replay publish / broker refuses one queue"
+    settle(world, cell, [*good, bad], {}).check(dead=1, messages={bad: 0})
 
 
 def test_an_entry_that_cannot_be_encoded_for_the_broker_dies_alone(world: MatrixWorld) -> None:
@@ -204,7 +206,8 @@ def test_an_entry_that_cannot_be_encoded_for_the_broker_dies_alone(world: Matrix
     report = drain_through_faults(world)
     assert (report.replayed, report.dead, report.errors) == (3, 1, 0)
     assert world.entries()[bad].dead_reason.startswith("unpublishable: SerializerNotInstalled")
-    settle(world, "replay publish / entry can't be encoded", [*good, bad], {}).check(dead=1)
+    cell = "replay publish / entry can't be encoded"
+    settle(world, cell, [*good, bad], {}).check(dead=1, messages={bad: 0})
 
 
 def test_an_entry_that_expired_while_parked_is_dead_not_published(world: MatrixWorld) -> None:
@@ -217,7 +220,8 @@ def test_an_entry_that_expired_while_parked_is_dead_not_published(world: MatrixW
     entry = world.entries()[old]
     assert (entry.status, entry.dead_reason) == ("dead", "expired")
     assert not world.in_broker([old])  # never sent: a worker would have revoked it
-    settle(world, "replay publish / expired while parked", [old, *fresh], {}).check(dead=1)
+    cell = "replay publish / expired while parked"
+    settle(world, cell, [old, *fresh], {}).check(dead=1, messages={old: 0})
 
 
 def test_a_drainer_killed_mid_publish_loses_nothing(world: MatrixWorld) -> None:
@@ -229,29 +233,34 @@ def test_a_drainer_killed_mid_publish_loses_nothing(world: MatrixWorld) -> None:
     world.broker_proxy.release()
     during = world.snapshot(ids)
     assert during["parked"] == len(ids)  # never acked: all still in the store
-    settle(world, "replay publish / kill -9 drainer", ids, during).check()
+    settle(world, "replay publish / kill -9 drainer", ids, during).check(messages={})
 
 
 # -- the drain's ack ------------------------------------------------------------------------------
 
 
-def test_an_ack_lost_to_a_hung_redis_publishes_again_and_runs_once(world: MatrixWorld) -> None:
-    ids = park(world, 3, "ack-hung")
+@pytest.mark.parametrize("task", ["charge", "charge_once"])
+def test_an_ack_lost_to_a_hung_redis_publishes_again(world: MatrixWorld, task: str) -> None:
+    """Published, then the ack is lost: the next drain publishes again (at least once). The
+    body runs twice, unless the task has ``deduplicate=True``."""
+    ids = park(world, 3, f"ack-hung-{task}", task_name=f"workerapp.{task}")
     held = world.store_proxy.hold_on(ACK)
     report = drain_through_faults(world)
     assert held.is_set()
     assert report.errors == 1
-    world.store_proxy.release()
+    world.store_proxy.reset()  # the held ack is dropped with its connection: it never ran
     wait_for(lambda: set(ids) <= set(world.runs()), "the published replays to run")
     during = world.snapshot(ids)
     # Published, run, and still in the store: the next drain (after the lease) publishes them
     # again, and deduplicate=True skips them at admission.
     assert during["parked"] == 3
-    settle(world, "drain ack / Redis hung", ids, during).check()
+    ledger = settle(world, f"drain ack / Redis hung ({task})", ids, during)
+    ledger.check(duplicates=3 if task == "charge" else 0, messages=dict.fromkeys(ids, 2))
 
 
-def test_a_drainer_killed_at_its_ack_publishes_again_and_runs_once(world: MatrixWorld) -> None:
-    ids = park(world, 3, "ack-kill")
+@pytest.mark.parametrize("task", ["charge", "charge_once"])
+def test_a_drainer_killed_at_its_ack_publishes_again(world: MatrixWorld, task: str) -> None:
+    ids = park(world, 3, f"ack-kill-{task}", task_name=f"workerapp.{task}")
     held = world.store_proxy.hold_on(ACK)
     drainer = world.start_drainer(LEASE)
     wait_for(held.is_set, "the drainer held at its ack")
@@ -259,4 +268,5 @@ def test_a_drainer_killed_at_its_ack_publishes_again_and_runs_once(world: Matrix
     world.store_proxy.release()
     during = world.snapshot(ids)
     assert during["parked"] == 3
-    settle(world, "drain ack / kill -9 drainer", ids, during).check()
+    ledger = settle(world, f"drain ack / kill -9 drainer ({task})", ids, during)
+    ledger.check(duplicates=3 if task == "charge" else 0, messages=dict.fromkeys(ids, 2))

@@ -176,16 +176,6 @@ def define_tasks(app: Celery, s: Mapping[str, Any]) -> None:
         "reject_on_worker_lost": True,
     }
 
-    @app.task(
-        name="workerapp.charge",
-        breaker="dep",
-        retry_on=(ConnectionError,),
-        max_retries=s["max_retries"],
-        backoff=Exponential(base=s["backoff_base"], cap=s["backoff_cap"], jitter=s["jitter"]),
-        deduplicate=s["deduplicate"],
-        call_timeout=10.0,  # the fake dependency's calls end (its latency is the test's)
-        **resilient,
-    )
     def charge(self: Any, order_id: str, amount: int = 1) -> dict[str, Any]:
         r = client(url)
         call_dependency(r, prefix, self, order_id)
@@ -194,6 +184,20 @@ def define_tasks(app: Celery, s: Mapping[str, Any]) -> None:
             pipe.hincrby(runs, self.request.id, 1)
             pipe.execute()
         return {"order_id": order_id, "amount": amount}
+
+    # ``charge`` with the world's deduplicate setting; ``charge_once`` always deduplicates (a
+    # world without it still shows what deduplicate=True changes).
+    for name, deduplicate in (("charge", s["deduplicate"]), ("charge_once", True)):
+        app.task(
+            name=f"workerapp.{name}",
+            breaker="dep",
+            retry_on=(ConnectionError,),
+            max_retries=s["max_retries"],
+            backoff=Exponential(base=s["backoff_base"], cap=s["backoff_cap"], jitter=s["jitter"]),
+            deduplicate=deduplicate,
+            call_timeout=10.0,  # the fake dependency's calls end (its latency is the test's)
+            **resilient,
+        )(charge)
 
     guarded = {
         "breaker": "dep",
