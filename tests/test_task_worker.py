@@ -550,7 +550,11 @@ def test_a_database_error_at_park_keeps_the_message_until_the_store_takes_it(
     world.resilience.breaker("dep").force_open()
 
     task_ids = [world.publish("charge", f"d-{i}") for i in range(2)]
-    time.sleep(1.5)  # several rounds: park refused, kept in the broker, back again
+    # Several rounds of "park refused, kept in the broker, back again": each a delivery.
+    wait_for(
+        lambda: all(worker.log().count(f"[{t}] received") >= 3 for t in task_ids),
+        "three deliveries of each task",
+    )
     with sqlite3.connect(db) as sql:
         assert sql.execute(f"SELECT COUNT(*) FROM {table}").fetchone() == (0,)
     assert all(world.broker_messages_of(t) for t in task_ids)  # waiting in the broker
