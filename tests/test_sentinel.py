@@ -3,8 +3,8 @@
 One deployment for the module (``tests/redis_sentinel.py``): a primary, its replica and one
 sentinel, all the test's own. One real worker (``tests/deployapp.py``) with
 ``resilience_park_replicas=1`` parks a steady stream of tasks while the test forces a failover
-(``SENTINEL FAILOVER``, then the old primary is killed by its PID, and started again for the
-sentinel to make it the new primary's replica). Ledger: every published task id ends succeeded
+(``SENTINEL FAILOVER``, then the old primary is killed by its PID, and started again, empty,
+once the new primary takes writes, for the sentinel to make it the new primary's replica). Ledger: every published task id ends succeeded
 or parked, so no entry whose message was acked is missing; the breaker's forced state survives.
 The time from the old primary's death until a park succeeded again is printed (``-s``). Then
 the CLI, the metrics collector and the Django admin read the new primary, and the CLI's drain
@@ -192,7 +192,7 @@ class Drill:
 def drill(deployment: SentinelDeployment, world: World) -> Drill:
     """Given a worker parking a steady stream of tasks (``dep`` forced open, and
     ``resilience_park_replicas=1``), when the primary is failed over and killed by its PID,
-    then started again at once (as a supervisor would): the figures of what followed."""
+    then started again once the new primary takes writes: the figures of what followed."""
     res = world.res
     world.set_dependency(True)
     res.breaker("dep").force_open()
