@@ -4,9 +4,11 @@ One deployment for the module (``tests/redis_sentinel.py``): a primary, its repl
 sentinel, all the test's own. One real worker (``tests/deployapp.py``) with
 ``resilience_park_replicas=1`` parks a steady stream of tasks while the test forces a failover
 (``SENTINEL FAILOVER``, then the old primary is killed by its PID, and started again, empty,
-once the new primary takes writes, for the sentinel to make it the new primary's replica). Ledger: every published task id ends succeeded
-or parked, so no entry whose message was acked is missing; the breaker's forced state survives.
-The time from the old primary's death until a park succeeded again is printed (``-s``). Then
+once the new primary takes writes, for the sentinel to make it the new primary's replica).
+Ledger: every published task id ends succeeded or parked, so no entry whose message was acked
+is missing; the breaker's forced state survives. The time from the old primary's death until a
+park succeeded again is printed (``-s``); when tasks do not settle, the failure says where each
+one is (``World.whereabouts``) and shows the servers' and the sentinel's logs. Then
 the CLI, the metrics collector and the Django admin read the new primary, and the CLI's drain
 replays everything.
 """
@@ -184,6 +186,8 @@ class Drill:
     #: until a park was acknowledged again (its entry held by a replica).
     writable_after: float
     parking_after: float
+    #: Seconds from the publisher's stop until every task had run or parked.
+    settled_after: float
     entries: Counter[str]
     succeeded: set[str]
 
@@ -226,6 +230,8 @@ def drill(deployment: SentinelDeployment, world: World) -> Drill:
         published = publisher.finish()
         probe.close()
 
+    stopped = time.time()
+
     def settled() -> bool:
         return set(published) <= world.succeeded() | set(world.acked_parks(published))
 
@@ -238,6 +244,7 @@ def drill(deployment: SentinelDeployment, world: World) -> Drill:
         raise AssertionError(
             f"{timeout}: {len(missing)} neither ran nor parked:\n{where}\n{logs}"
         ) from None
+    settled_after = time.time() - stopped
     acked = world.acked_parks(published)
     times = [parked_at(store, e) for e in acked.values()]
     return Drill(
@@ -246,6 +253,7 @@ def drill(deployment: SentinelDeployment, world: World) -> Drill:
         [e for e in acked.values() if store.get(e) is None],
         writable_after,
         min(t for t in times if t > died) - died,
+        settled_after,
         Counter(world.parked_task_ids()),
         world.succeeded(),
     )
@@ -272,7 +280,8 @@ def test_no_acked_park_is_lost_in_a_failover_and_the_breaker_state_survives(
         f"fail_open), {len(drill.lost)} acked entries lost; {len(twice)} task ids with two "
         f"entries; {len(published & set(drill.acked) & drill.succeeded)} both parked and run. "
         f"Primary writable again {drill.writable_after:.2f}s after its death; a park "
-        f"acknowledged by 1 replica again after {drill.parking_after:.2f}s"
+        f"acknowledged by 1 replica again after {drill.parking_after:.2f}s; every task run or "
+        f"parked {drill.settled_after:.2f}s after the last was published"
     )
 
 
