@@ -6,7 +6,11 @@ private server: nobody else's commands) and records each push to the world's que
 task id and kombu's ``delivery_tag``, which each publish draws anew and a restore of an unacked
 message keeps. Distinct tags per task id are the messages published for it, whichever process
 published them (the test, a worker, a drainer) and whatever path (one by one, in a batch
-pipeline, inside MULTI).
+pipeline, inside MULTI). A message is done once a worker acks it (``HDEL`` of its tag from
+kombu's ``unacked``; a restore deletes and pushes it again in one MULTI, so it stays live).
+Unlike a look at the keys, which reads the queue and ``unacked`` one after the other, this
+never misses a message that a worker has just taken from the queue and not yet recorded as
+unacked, or one that moved between the two reads.
 """
 
 from __future__ import annotations
@@ -30,10 +34,13 @@ class BrokerTap:
     """``MONITOR`` of one broker in a thread: the messages pushed to keys starting with
     ``queue_key`` (the queue, and its priority lists)."""
 
-    def __init__(self, broker: redis.Redis, queue_key: str) -> None:
+    def __init__(self, broker: redis.Redis, queue_key: str, unacked_key: str) -> None:
         self.broker = broker
         self.queue_key = queue_key
+        self.unacked_key = unacked_key
         self._tags: dict[str, set[str]] = defaultdict(set)
+        #: Tags pushed and not acked since, with their task ids.
+        self._live: dict[str, str] = {}
         self._markers: set[str] = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -63,6 +70,11 @@ class BrokerTap:
                 self._markers.add(rest)
             return
         key, _, messages = rest.partition(" ")
+        if name.upper() == "HDEL" and key == self.unacked_key:
+            with self._lock:
+                for tag in messages.split(" "):
+                    self._live.pop(tag, None)
+            return
         if name.upper() not in PUSHES or not key.startswith(self.queue_key):
             return
         # One push may carry several messages: each names its id (headers) and tag (properties).
@@ -70,6 +82,7 @@ class BrokerTap:
         with self._lock:
             for task_id, tag in zip(ids, tags, strict=True):
                 self._tags[task_id].add(tag)
+                self._live[tag] = task_id
 
     def sync(self) -> None:
         """Return once the tap has read every command the broker ran before this call."""
@@ -82,6 +95,13 @@ class BrokerTap:
         self.sync()
         with self._lock:
             return {t: len(self._tags.get(t, ())) for t in ids}
+
+    def pending(self, ids: Iterable[str]) -> int:
+        """Messages of ``ids`` published (or restored) and not acked yet."""
+        self.sync()
+        wanted = set(ids)
+        with self._lock:
+            return sum(1 for task_id in self._live.values() if task_id in wanted)
 
     def close(self) -> None:
         self._stop.set()

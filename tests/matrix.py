@@ -141,6 +141,7 @@ class Ledger:
         assert len(self.own_failures) == failed, (self.cell, self.own_failures)
         assert len(self.duplicated) == duplicates, (self.cell, self.duplicated, self.runs)
         assert not self.parked_twice, (self.cell, self.stored)
+        assert not self.during.get("parked_twice"), (self.cell, self.during)
         if messages is not None:
             seen = {t: self.messages.get(t, 0) for t in self.published}
             assert seen == {t: messages.get(t, 1) for t in self.published}, (self.cell, seen)
@@ -158,7 +159,8 @@ class MatrixWorld:
         self.store = RedisServer(appendonly=True).start()
         self.broker_admin = self.broker.client()
         self.store_admin = self.store.client()
-        self.tap = BrokerTap(self.broker.client(), broker_keyprefix(self.prefix) + self.queue)
+        broker = broker_keyprefix(self.prefix)
+        self.tap = BrokerTap(self.broker.client(), broker + self.queue, broker + "unacked")
         for admin in (self.broker_admin, self.store_admin):
             make_user(admin, USER, PASSWORD)
         self.broker_proxy = FaultProxy(self.broker.port)
@@ -276,10 +278,11 @@ class MatrixWorld:
 
     def snapshot(self, ids: list[str]) -> dict[str, int]:
         """Where the ids are while the fault lasts (before anything is healed)."""
-        entries, runs = self.entries(), self.runs()
+        stored, runs = self.stored(), self.runs()
         return {
             "succeeded": sum(1 for t in ids if runs.get(t)),
-            "parked": sum(1 for t in ids if t in entries),
+            "parked": sum(1 for t in ids if t in stored),
+            "parked_twice": sum(1 for t in ids if stored.get(t, 0) > 1),
             "in_broker": len(self.in_broker(ids)),
         }
 
@@ -309,9 +312,13 @@ class MatrixWorld:
         return self.ledger_of(cell, ids, during or {})
 
     def ledger_of(self, cell: str, ids: list[str], during: dict[str, int]) -> Ledger:
-        """The ledger once no message of ``ids`` is left in the broker: a duplicate (a second
-        message, one restored after the visibility timeout) has run by then."""
-        wait_for(lambda: not self.in_broker(ids), f"{cell}: no message left in the broker")
+        """The ledger once every message of ``ids`` was acked and none is left in the broker:
+        a duplicate (a second message, one restored after the visibility timeout) has run by
+        then."""
+        wait_for(
+            lambda: not self.tap.pending(ids) and not self.in_broker(ids),
+            f"{cell}: every message acked, none left in the broker",
+        )
         return Ledger(
             cell,
             ids,

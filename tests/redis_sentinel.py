@@ -1,9 +1,11 @@
 """A Redis Sentinel deployment of the test's own: a primary, its replica, one sentinel.
 
 ``SentinelDeployment().start()`` starts the two servers (the replica already following the
-primary) and a ``redis-server --sentinel`` watching them with quorum 1, a short
-``down-after-milliseconds`` and ``failover-timeout``; it returns once the sentinel knows the
-replica, so a failover can pick it. Every process is ours (killed by PID on ``close()``); the
+primary, both with append-only files) and a ``redis-server --sentinel`` watching them with
+quorum 1 and a short ``failover-timeout``; its ``down-after-milliseconds`` (5 s) outlasts the
+stalls of a loaded 2-core host, which at 1 s made the sentinel fail over a second time, back to
+a server not yet in sync. It returns once the sentinel knows the replica, so a failover can
+pick it. Every process is ours (killed by PID on ``close()``); the
 roles move with a failover, so :meth:`primary` asks the sentinel which server is the primary now.
 """
 
@@ -52,12 +54,15 @@ class SentinelServer(RedisServer):
 class SentinelDeployment:
     """A primary, one replica and one sentinel on 127.0.0.1."""
 
-    def __init__(self, down_after_ms: int = 1000, failover_timeout_ms: int = 3000) -> None:
-        first = RedisServer(args=SERVER_ARGS)
-        self.servers = [
-            first,
-            RedisServer(args=[*SERVER_ARGS, "--replicaof", "127.0.0.1", str(first.port)]),
-        ]
+    def __init__(
+        self, down_after_ms: int = 5000, failover_timeout_ms: int = 3000, appendonly: bool = True
+    ) -> None:
+        # Persistence, as a primary that a supervisor restarts needs: restarted empty, a server
+        # the sentinel makes primary again (a failover back, on a stall of the new primary)
+        # would hand its empty data set to its replica.
+        first = RedisServer(appendonly=appendonly, args=SERVER_ARGS)
+        replica_of = ["--replicaof", "127.0.0.1", str(first.port)]
+        self.servers = [first, RedisServer(appendonly=appendonly, args=[*SERVER_ARGS, *replica_of])]
         self.sentinel = SentinelServer(first.port, down_after_ms, failover_timeout_ms)
 
     @property
@@ -111,6 +116,10 @@ class SentinelDeployment:
         """``SENTINEL FAILOVER``: the sentinel promotes the replica now (no agreement needed)."""
         with self.sentinel_client() as client:
             client.execute_command("SENTINEL", "FAILOVER", MASTER_NAME)
+
+    def failovers(self) -> int:
+        """Failovers the sentinel completed so far (``+switch-master`` in its log)."""
+        return self.sentinel.log().count("+switch-master")
 
     def processes(self) -> list[RedisServer]:
         return [self.sentinel, *self.servers]

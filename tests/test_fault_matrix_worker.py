@@ -50,6 +50,8 @@ def parked(world: MatrixWorld, ids: list[str]) -> dict[str, int]:
     """Wait until every id is parked (and its message gone); where they are then."""
 
     def done() -> dict[str, int] | None:
+        if world.tap.pending(ids):  # a message not acked yet (requeued, restored, running)
+            return None
         snap = world.snapshot(ids)
         return snap if snap["parked"] == len(ids) and not snap["in_broker"] else None
 
