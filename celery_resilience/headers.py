@@ -5,9 +5,13 @@ A leaf: parking writes these, the drain and the worker read them, and neither im
 
 from __future__ import annotations
 
+import hashlib
+import pickle
 import uuid
 from collections.abc import Mapping
 from typing import Any
+
+from kombu.utils import json as kombu_json
 
 #: Message header carrying how often a parked task was replayed.
 REPLAYS_HEADER = "resilience_replays"
@@ -22,6 +26,9 @@ NOT_OPTIONS = frozenset(
     {"task_id", "retries", "reply_to", "origin", "delivery_tag", "redelivered", "is_eager"}
 )
 _ENTRY_NAMESPACE = uuid.UUID("5b1c6c1e-6a0f-4d55-9d0b-2f1f0c1e7a11")
+#: Execution options that are part of what a message asks for, beside its arguments: what runs
+#: after it. Routing (queue, priority) is not: the same work sent elsewhere is the same work.
+BODY_OPTIONS = ("link", "link_error", "chain", "chord", "group_id")
 
 
 def _count(value: Any) -> int:
@@ -63,9 +70,28 @@ def new_message_headers(headers: Mapping[str, Any] | None) -> dict[str, Any]:
     return {k: v for k, v in (headers or {}).items() if k != REDELIVERED_HEADER}
 
 
-def entry_id(task_id: str, replays: int, retries: int) -> str:
-    """The back-out entry id of one delivery: a redelivered message parks onto the same entry."""
-    return uuid.uuid5(_ENTRY_NAMESPACE, f"{task_id}/{replays}/{retries}").hex
+def body_digest(
+    args: Any, kwargs: Mapping[str, Any] | None, options: Mapping[str, Any] | None = None
+) -> str:
+    """A digest of what a message asks for: its arguments and what runs after it.
+
+    The same message delivered again gives the same digest; another message that reuses the
+    task id with other arguments gives another. JSON with sorted keys where the arguments allow
+    it (kwargs in any order are one body), else pickle (the same message decodes to equal bytes).
+    """
+    body = [list(args or ()), dict(kwargs or {})]
+    body += [(options or {}).get(name) for name in BODY_OPTIONS]
+    try:
+        data = kombu_json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    except (TypeError, ValueError):
+        data = pickle.dumps(body, protocol=4)
+    return hashlib.sha256(data).hexdigest()[:32]
+
+
+def entry_id(task_id: str, replays: int, retries: int, digest: str) -> str:
+    """The back-out entry id of one delivery: a redelivered message parks onto the same entry,
+    and another body under the same task id (``digest``: :func:`body_digest`) onto its own."""
+    return uuid.uuid5(_ENTRY_NAMESPACE, f"{task_id}/{replays}/{retries}/{digest}").hex
 
 
 def publish_options(options: Mapping[str, Any]) -> dict[str, Any]:

@@ -4,7 +4,8 @@ This module builds the entry and stores it; ``ResilientTask`` does the Celery si
 ``Ignore`` that acks the message only after the store said yes, the ``PARKED`` state, the event
 and the signal, and keeping the message in the broker when the store says no). A crash between
 the store's yes and the ack duplicates at worst, never loses: the entry id is derived from
-(task id, replays, retries), so a redelivered message parks onto the same entry.
+(task id, replays, retries, a digest of the body), so a redelivered message parks onto the same
+entry, and another message reusing the task id with other arguments parks beside it.
 """
 
 from __future__ import annotations
@@ -12,7 +13,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .headers import REJECTED_HEADER, entry_id, publish_options, replays_of, request_header
+from .headers import (
+    REJECTED_HEADER,
+    body_digest,
+    entry_id,
+    publish_options,
+    replays_of,
+    request_header,
+)
 from .kept import Cause, without_kept
 from .parked.entry import ParkedTask, Reason
 from .parked.store import EntryStore
@@ -33,6 +41,7 @@ def new_entry(
 ) -> ParkedTask:
     """The entry for this delivery (``request``), with what publishing it again needs."""
     retries, replays = request.retries or 0, replays_of(request)
+    args, kwargs = request.args or (), request.kwargs or {}
     kept = publish_options(options)
     if "headers" in kept:  # a replay of an entry parked from a kept copy runs its body again
         kept["headers"] = without_kept(kept["headers"])
@@ -47,8 +56,8 @@ def new_entry(
         task_name=task_name,
         task_id=request.id,
         reason=reason,
-        args=request.args or (),
-        kwargs=request.kwargs or {},
+        args=args,
+        kwargs=kwargs,
         options=kept,
         breaker=breaker,
         exc=None if isinstance(exc, tuple) else exc,
@@ -58,7 +67,7 @@ def new_entry(
         replays=replays,
         parked_at=now,
         due_at=now + max(0.0, due_in),
-    ).replace(id=entry_id(request.id, replays, retries))
+    ).replace(id=entry_id(request.id, replays, retries, body_digest(args, kwargs, options)))
 
 
 def store(store: EntryStore, entry: ParkedTask) -> None:

@@ -7,6 +7,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -14,6 +15,7 @@ import redis
 import redis.backoff
 import redis.retry
 
+from celery_resilience import parking
 from celery_resilience.errors import ConfigurationError, StoreUnavailable
 from celery_resilience.parked import (
     NO_BREAKER,
@@ -112,6 +114,36 @@ def test_park_is_idempotent_for_the_same_id(store: Store) -> None:
     assert store.count() == 1
     assert store.get(first.id) == first
     assert store.breakers() == {"payments"}
+
+
+def delivery(task_id: str, *args: Any, retries: int = 0, **kwargs: Any) -> SimpleNamespace:
+    """What parking reads of a task's request (one delivery of a message)."""
+    return SimpleNamespace(id=task_id, args=list(args), kwargs=kwargs, retries=retries, headers={})
+
+
+def test_a_reused_task_id_with_other_arguments_parks_beside_the_entry_not_into_it(
+    store: Store,
+) -> None:
+    # Given an entry parked for task id "order-1" with amount 10
+    def park(request: SimpleNamespace) -> ParkedTask:
+        made = parking.new_entry(
+            "shop.charge", request, {}, "payments", "breaker_open", None, T0, 30.0
+        )
+        parking.store(store, made)
+        return made
+
+    first = park(delivery("order-1", 10, currency="EUR", note="gift"))
+    # When the same message comes again (a redelivery after a crash), a copy of it is published
+    # with its kwargs in another order, and another message reuses the task id with another amount
+    again = park(delivery("order-1", 10, currency="EUR", note="gift"))
+    copy = park(delivery("order-1", 10, note="gift", currency="EUR"))
+    other = park(delivery("order-1", 99, currency="EUR", note="gift"))
+    # Then the same body parked onto the first entry, and the other body has an entry of its own
+    assert again.id == copy.id == first.id
+    assert other.id != first.id
+    assert store.count() == 2
+    kept = {e.id: (e.task_id, e.args, e.kwargs["currency"]) for e in store.list()}
+    assert kept == {first.id: ("order-1", [10], "EUR"), other.id: ("order-1", [99], "EUR")}
 
 
 def test_a_dead_entry_can_be_parked_directly(store: Store) -> None:

@@ -29,7 +29,7 @@ from celery.app.trace import build_tracer
 from celery_resilience import BreakerOpen, Resilience, ResilientTask, StoreUnavailable, backoff
 from celery_resilience.breaker import MemoryBreakerStore
 from celery_resilience.config import ResilienceConfig
-from celery_resilience.headers import REPLAYS_HEADER, entry_id
+from celery_resilience.headers import REPLAYS_HEADER, body_digest, entry_id
 from celery_resilience.parked import MemoryBackoutStore, ParkedTask, StoreFull
 
 BREAKERS = {
@@ -212,7 +212,7 @@ def test_transient_error_is_retried_with_backoff_delays_then_parked_as_retries_e
     assert (result.id, result.state) == ("order-7", states.IGNORED)
 
     entry = only_entry(app)
-    assert entry.id == entry_id("order-7", 0, 3)
+    assert entry.id == entry_id("order-7", 0, 3, body_digest((7,), {"currency": "EUR"}))
     assert (entry.reason, entry.status, entry.retries, entry.replays) == (
         "retries_exhausted",
         "parked",
@@ -259,7 +259,7 @@ def test_breaker_opens_after_failure_threshold_and_a_later_delivery_is_parked_un
 
     assert calls == [1, 2]
     assert result.state == states.IGNORED
-    entry = resilience(app).backout.get(entry_id("third", 0, 0))
+    entry = resilience(app).backout.get(entry_id("third", 0, 0, body_digest((3,), {})))
     assert entry is not None
     assert (entry.reason, entry.breaker, entry.args, entry.retries) == (
         "breaker_open",
@@ -348,7 +348,7 @@ def test_park_on_is_due_later_with_each_replay(make_app: MakeApp) -> None:
     waits = []
     for replays in range(4):
         ship.apply(task_id=f"ship-{replays}", headers={REPLAYS_HEADER: replays})
-        entry = resilience(app).backout.get(entry_id(f"ship-{replays}", replays, 0))
+        entry = resilience(app).backout.get(entry_id(f"ship-{replays}", replays, 0, body_digest((), {})))
         assert entry is not None
         waits.append(entry.due_at - entry.parked_at)
     for replays, wait in enumerate(waits):  # equal jitter: between half and all of 60 * 2**n
@@ -487,7 +487,7 @@ def test_parking_the_same_delivery_twice_keeps_one_entry(app: Celery) -> None:
 
     assert len(calls) == 2
     assert only_entry(app) == first
-    assert first.id == entry_id("twice", 0, 0)
+    assert first.id == entry_id("twice", 0, 0, body_digest((), {}))
 
 
 # -- the store refuses --------------------------------------------------------------------------
