@@ -50,3 +50,17 @@ class ParkedTaskDead(ResilienceError):
 class Unparkable(ResilienceError):
     """A task the back-out store refused every time (``resilience_park_attempts`` parks): it
     ends in Celery FAILURE with this error, after an ERROR log line naming it."""
+
+
+class TaskIdClaimed(ResilienceError):
+    """Another delivery of this task id runs it now (``deduplicate=True``): this one may not run
+    before that one's claim ends, ``retry_after`` seconds from now at most. A worker keeps such a
+    delivery in the broker; an eager call raises this."""
+
+    def __init__(self, task_id: str, retry_after: float) -> None:
+        self.task_id = task_id
+        self.retry_after = retry_after
+        super().__init__(f"task id {task_id!r} runs in another delivery, {retry_after:.3f}s more")
+
+    def __reduce__(self) -> tuple[type[TaskIdClaimed], tuple[str, float]]:
+        return (type(self), (self.task_id, self.retry_after))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import pickle
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from kombu.utils import json as kombu_json
@@ -29,6 +29,7 @@ _ENTRY_NAMESPACE = uuid.UUID("5b1c6c1e-6a0f-4d55-9d0b-2f1f0c1e7a11")
 #: Execution options that are part of what a message asks for, beside its arguments: what runs
 #: after it. Routing (queue, priority) is not: the same work sent elsewhere is the same work.
 BODY_OPTIONS = ("link", "link_error", "chain", "chord", "group_id")
+_json_dumps: Callable[..., str] = kombu_json.dumps  # kombu's types too (datetime, UUID...)
 
 
 def _count(value: Any) -> int:
@@ -79,10 +80,10 @@ def body_digest(
     task id with other arguments gives another. JSON with sorted keys where the arguments allow
     it (kwargs in any order are one body), else pickle (the same message decodes to equal bytes).
     """
-    body = [list(args or ()), dict(kwargs or {})]
+    body: list[Any] = [list(args or ()), dict(kwargs or {})]
     body += [(options or {}).get(name) for name in BODY_OPTIONS]
     try:
-        data = kombu_json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+        data = _json_dumps(body, sort_keys=True, separators=(",", ":")).encode()
     except (TypeError, ValueError):
         data = pickle.dumps(body, protocol=4)
     return hashlib.sha256(data).hexdigest()[:32]

@@ -178,11 +178,12 @@ def primaries(client: redis.Redis) -> list[redis.Redis]:
         return [cast(redis.Redis, cluster.get_redis_connection(n)) for n in cluster.get_primaries()]
 
 
-def script_source(package: str, name: str) -> str:
-    """``<name>_head.lua`` (a fast path, if any), the prelude (if any), then ``<name>.lua``."""
+def script_source(package: str, name: str, prelude: bool = True) -> str:
+    """``<name>_head.lua`` (a fast path, if any), the prelude (if any and asked for), then
+    ``<name>.lua``."""
     folder = resources.files(package).joinpath("lua")
     parts = []
-    for part in (f"{name}_head.lua", PRELUDE):
+    for part in (f"{name}_head.lua", PRELUDE) if prelude else ():
         path = folder.joinpath(part)
         if path.is_file():
             parts.append(path.read_text())
@@ -190,9 +191,10 @@ def script_source(package: str, name: str) -> str:
     return "\n".join(parts)
 
 
-def load_script(client: redis.Redis, package: str, name: str) -> Any:
-    """The script ``name`` of ``package`` registered on ``client`` (EVALSHA, loaded on demand)."""
-    return client.register_script(script_source(package, name))
+def load_script(client: redis.Redis, package: str, name: str, prelude: bool = True) -> Any:
+    """The script ``name`` of ``package`` registered on ``client`` (EVALSHA, loaded on demand);
+    ``prelude=False`` for a script of the folder that does not share its prelude."""
+    return client.register_script(script_source(package, name, prelude))
 
 
 def call_replicated(

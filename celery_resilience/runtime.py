@@ -237,16 +237,25 @@ class Runtime:
     def deliver(self, scope: str | None, delivery: Delivery) -> Admission:
         """The delivery questions of a task without a breaker (one round trip)."""
         try:
-            deliveries, skip = self.guard.deliver(scope, delivery)
+            deliveries, skip, wait_us = self.guard.deliver(scope, delivery)
         except redis.RedisError as exc:
             self.health.failed(scope or "-", exc)
             return Admission(None, None)
-        return Admission(None, None, deliveries, skip)
+        claim = delivery.claim if delivery.claims and not skip else ""
+        return Admission(None, None, deliveries, skip, claim=claim, wait=wait_us / 1e6)
 
     def mark_done(self, scope: str | None, task_id: str) -> None:
-        """Remember that ``task_id`` succeeded (``deduplicate=True``)."""
+        """Remember that ``task_id`` succeeded (``deduplicate=True``); it replaces the claim."""
         try:
             self.guard.mark_done(scope, task_id, int(self.config.dedup_ttl))
+        except redis.RedisError as exc:
+            self.health.failed(scope or "-", exc)
+
+    def unclaim(self, scope: str | None, task_id: str, claim: str) -> None:
+        """Give back this delivery's claim on ``task_id``: it did not succeed (``deduplicate``).
+        If Redis can't be told, the claim's lease ends it."""
+        try:
+            self.guard.unclaim(scope, task_id, claim)
         except redis.RedisError as exc:
             self.health.failed(scope or "-", exc)
 

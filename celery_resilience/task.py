@@ -19,7 +19,7 @@ from typing import Any, NoReturn
 from celery import Task
 from celery.exceptions import Ignore, Reject, Retry, SoftTimeLimitExceeded
 
-from . import body_retry, kept, parking
+from . import body_retry, dedup, kept, parking
 from .backoff import BackoffStrategy, Exponential
 from .breaker.permit import Admission
 from .breaker.store import Delivery
@@ -64,7 +64,7 @@ class ResilientTask(Task):  # type: ignore[misc]
     #: What a delivery does when the breaker is open: ``"park"`` or ``"retry"`` after the
     #: breaker's remaining open time.
     on_open: str = "park"
-    #: Skip a delivery whose task id already succeeded (marker kept ``resilience_dedup_ttl``).
+    #: A task id's body runs once: never after a success, never twice at once (see dedup.py).
     deduplicate: bool = False
     #: Seconds the body's client waits on the dependency at most (documents a hang's bound).
     call_timeout: float | None = None
@@ -112,9 +112,7 @@ class ResilientTask(Task):  # type: ignore[misc]
             logger.exception("Admission of %s[%s] failed", self.name, request.id)
             self._keep(request, exc)
         if admission.skip:
-            if admission.skip == "done":
-                logger.info("Task %s[%s] already succeeded: skipped", self.name, request.id)
-                raise Ignore()
+            dedup.skipped(self, request, admission)  # done: skipped; claimed: waits its turn
             self._park("redelivered", None, request)
         if admission.rejected is not None:
             self._rejected(admission.rejected, request)
@@ -125,7 +123,8 @@ class ResilientTask(Task):  # type: ignore[misc]
         # a new request, and the one pushed for a nested call copies it, mark included.
         request._protected = 1
         try:
-            result = self.run(*args, **kwargs)
+            with dedup.given_back_unless_done(self, request, admission.claim):
+                result = self.run(*args, **kwargs)
         except body_retry.BodyRetry as wish:  # the body's self.retry() / autoretry_for
             _settle(permit, wish.outcome(self.retry_on))
             self._retry_or_park(wish.exc, request, wish.countdown, wish.max_retries)
@@ -178,6 +177,7 @@ class ResilientTask(Task):  # type: ignore[misc]
             check_done=self.deduplicate,
             ttl=config.delivery_ttl,
             max_deliveries=config.max_deliveries if self.acks_late else 0,
+            **dedup.claim_of(self, request, config),  # an admitted delivery claims its task id
         )
         if self.breaker is not None:
             return runtime.breaker(self.breaker).admit(delivery)

@@ -172,6 +172,9 @@ class MatrixWorld:
             "WORKERAPP_QUEUE": self.queue,
             "WORKERAPP_LEDGER": ledger_url,
             "WORKERAPP_DEDUPLICATE": "0",
+            # charge_once: a child killed mid-body holds its task id's claim until this lease
+            # ends (seconds).
+            "WORKERAPP_DEDUP_LEASE": "5",
             "WORKERAPP_KEEP_DELAY": "0.5",
             "WORKERAPP_REDIS_TIMEOUT": "0.5",
             "WORKERAPP_FAILURE_THRESHOLD": "3",

@@ -1,10 +1,11 @@
 """The Lua scripts, the memory store and the pure model agree on every decision and state.
 
 Hypothesis drives random sequences of acquire (with and without the delivery questions: the
-redelivery count, the dedup marker) / record / release / mark done / advance time / force
-through all three with the same pinned clock; any divergence is a bug in the scripts (the model
-is the spec). The view each call returns (version, streak) must agree too, and every change of
-it must be published once, in order, on the Redis channel and to the memory store's watchers.
+redelivery count, the dedup marker and the claim of a task id) / record / release / mark done /
+give a claim back / advance time / force through all three with the same pinned clock; any
+divergence is a bug in the scripts (the model is the spec). The view each call returns
+(version, streak) must agree too, and every change of it must be published once, in order, on
+the Redis channel and to the memory store's watchers.
 """
 
 from __future__ import annotations
@@ -65,6 +66,8 @@ class BreakerAgreement(RuleBasedStateMachine):
         # The delivery questions, answered by the test itself: redeliveries and done task ids.
         self.redeliveries: dict[tuple[str, int], int] = {}
         self.done: set[str] = set()
+        self.claims: dict[str, tuple[str, int]] = {}  # task id -> (token, lease end)
+        self.tokens: list[str] = []  # every claim token handed out (old ones too)
         # Every published view change: expected (from the model), and heard from each store.
         self.expected_changes: list[tuple[int, str, bool]] = []
         self.memory_changes: list[tuple[int, str, bool]] = []
@@ -107,15 +110,26 @@ class BreakerAgreement(RuleBasedStateMachine):
 
     @rule(
         deferred=st.sampled_from([0, 0, 0, 1, 3]),
-        task=st.sampled_from(["", "", "", "t1", "t2"]),
-        redelivered=st.booleans(),
+        task=st.sampled_from(["", "", "t1", "t2", "t2"]),
+        # Redeliveries past MAX_DELIVERIES hide a claim: seldom enough that claims are met.
+        redelivered=st.sampled_from([False, False, False, True]),
         check_done=st.booleans(),
+        claim=st.sampled_from([True, True, False]),
+        lease=st.sampled_from([5_000_000, 30_000_000, 120_000_000]),
     )
-    def acquire(self, deferred: int, task: str, redelivered: bool, check_done: bool) -> None:
+    def acquire(
+        self,
+        deferred: int,
+        task: str,
+        redelivered: bool,
+        check_done: bool,
+        claim: bool,
+        lease: int,
+    ) -> None:
         permit_id = uuid.uuid4().hex
         delivery = None
         skip = ""
-        deliveries = 0
+        deliveries = wait = 0
         if task:  # a task's delivery: the redelivery count and the dedup marker ride along
             delivery = Delivery(
                 task_id=task,
@@ -124,13 +138,18 @@ class BreakerAgreement(RuleBasedStateMachine):
                 check_done=check_done,
                 ttl=3600,
                 max_deliveries=MAX_DELIVERIES,
+                claim=uuid.uuid4().hex if claim else "",
+                lease_us=lease,
             )
             if redelivered:
                 key = (task, 0)
                 self.redeliveries[key] = self.redeliveries.get(key, 0) + 1
                 deliveries = self.redeliveries[key] + 1
             done = check_done and task in self.done
-            skip = delivery.skip(deliveries, done)
+            _, lease_end = self.claims.get(task, ("", 0))
+            claimed = check_done and not done and lease_end > self.now
+            skip = delivery.skip(deliveries, done, claimed)
+            wait = lease_end - self.now if skip == "claimed" else 0
         if skip:
             expected = model.skip(self.state, self.limits, self.now, deferred)
         else:
@@ -142,19 +161,35 @@ class BreakerAgreement(RuleBasedStateMachine):
             self.name, self.limits, permit_id, deferred, delivery=delivery
         )
         for got in (got_redis, got_memory):
-            assert (got.deliveries, got.skip) == (deliveries, skip)
-            assert dataclasses.replace(got, deliveries=0, skip="") == expected
+            assert (got.deliveries, got.skip, got.claim_wait_us) == (deliveries, skip, wait)
+            assert dataclasses.replace(got, deliveries=0, skip="", claim_wait_us=0) == expected
         self._check_view(expected, got_redis, got_memory)
         event(f"acquire: {expected.state} allowed={expected.allowed} skip={skip!r}")
         if expected.allowed and not skip:
             assert expected.kind is not None
             self.permits.append((expected.kind, permit_id))
+            if delivery is not None and delivery.claims:  # admitted: the task id is claimed
+                self.claims[task] = (delivery.claim, self.now + lease)
+                self.tokens.append(delivery.claim)
 
-    @rule(task=st.sampled_from(["t1", "t2"]))
+    # t2 is seldom marked done, so that its claims are contended for, given back and run out.
+    @rule(task=st.sampled_from(["t1", "t1", "t1", "t2"]))
     def mark_done(self, task: str) -> None:
         self.redis_store.mark_done(self.name, task, 3600)
         self.memory_store.mark_done(self.name, task, 3600)
         self.done.add(task)
+        self.claims.pop(task, None)  # the success marker replaces the claim
+
+    @precondition(lambda self: self.tokens)
+    @rule(task=st.sampled_from(["t1", "t2"]), index=st.integers(0, 50))
+    def unclaim(self, task: str, index: int) -> None:
+        token = self.tokens[index % len(self.tokens)]  # the holder's, or a stale one
+        expected = self.claims.get(task, ("", 0))[0] == token
+        assert self.redis_store.unclaim(self.name, task, token) is expected
+        assert self.memory_store.unclaim(self.name, task, token) is expected
+        if expected:
+            del self.claims[task]
+        event(f"unclaim: released={expected}")
 
     @precondition(lambda self: self.permits)
     @rule(index=st.integers(0, 50), success=st.booleans(), deferred=st.sampled_from([0, 0, 2]))

@@ -152,6 +152,7 @@ BAD_TOP_LEVEL = [
     ("max_countdown", "3600", _SAME),
     ("max_deliveries", 0, _SAME),
     ("dedup_ttl", -1, _SAME),
+    ("dedup_lease", 0, _SAME),
     ("drain_batch", True, _SAME),
     ("drain_batch", 10.0, _SAME),
     ("drain_rate", 0, _SAME),

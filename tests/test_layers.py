@@ -44,6 +44,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "kept",
             "settle",
             "parking",
+            "dedup",
             "replay",
             "batch_marker",
             "sending",

@@ -348,7 +348,8 @@ def test_park_on_is_due_later_with_each_replay(make_app: MakeApp) -> None:
     waits = []
     for replays in range(4):
         ship.apply(task_id=f"ship-{replays}", headers={REPLAYS_HEADER: replays})
-        entry = resilience(app).backout.get(entry_id(f"ship-{replays}", replays, 0, body_digest((), {})))
+        digest = body_digest((), {})
+        entry = resilience(app).backout.get(entry_id(f"ship-{replays}", replays, 0, digest))
         assert entry is not None
         waits.append(entry.due_at - entry.parked_at)
     for replays, wait in enumerate(waits):  # equal jitter: between half and all of 60 * 2**n

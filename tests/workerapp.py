@@ -70,6 +70,8 @@ def settings(env: Mapping[str, str]) -> dict[str, Any]:
         # The back-out store's keys (resilience_signing_key, resilience_encryption_key).
         "signing_key": env.get("WORKERAPP_SIGNING_KEY"),
         "encryption_key": env.get("WORKERAPP_ENCRYPTION_KEY"),
+        # How long a claim of a task id lasts (deduplicate=True, no time limit): seconds.
+        "dedup_lease": env.get("WORKERAPP_DEDUP_LEASE"),
     }
 
 
@@ -126,6 +128,8 @@ def make_app(env: Mapping[str, str]) -> Celery:
         app.conf.resilience_max_countdown = s["max_countdown"]
     app.conf.resilience_signing_key = s["signing_key"]
     app.conf.resilience_encryption_key = s["encryption_key"]
+    if s["dedup_lease"] is not None:
+        app.conf.resilience_dedup_lease = float(s["dedup_lease"])
     define_tasks(app, s)
     return app
 
@@ -271,6 +275,22 @@ def define_tasks(app: Celery, s: Mapping[str, Any]) -> None:
         time.sleep(seconds)
         r.sadd(succeeded, self.request.id)
         return order_id
+
+    def run_once(self: Any, order_id: str, seconds: float) -> str:
+        """Counts its runs per task id (``<P>:once:runs``) and logs each start; only the first
+        run of an id takes ``seconds`` (a run after a crash is quick)."""
+        r = client(url)
+        n = r.hincrby(f"{prefix}:once:runs", self.request.id, 1)
+        start = {"task_id": self.request.id, "pid": os.getpid(), "time": redis_now(r), "n": n}
+        r.rpush(f"{prefix}:once:started", json.dumps(start))
+        if n == 1:
+            time.sleep(seconds)
+        r.sadd(succeeded, self.request.id)
+        return order_id
+
+    # deduplicate=True without a breaker (deliver.lua) and with one (acquire.lua).
+    app.task(name="workerapp.once", deduplicate=True, **resilient)(run_once)
+    app.task(name="workerapp.once_dep", breaker="dep", deduplicate=True, **resilient)(run_once)
 
 
 app = make_app(os.environ)

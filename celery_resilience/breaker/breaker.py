@@ -110,12 +110,15 @@ class Breaker:
         if decision.transition:
             self._announce(decision.transition, decision.state)
         if decision.skip:
-            return Admission(None, None, decision.deliveries, decision.skip)
+            wait = decision.claim_wait_us / 1e6
+            return Admission(None, None, decision.deliveries, decision.skip, wait=wait)
         if not decision.allowed:
             retry = None if decision.retry_after_us is None else decision.retry_after_us / 1e6
             rejected = BreakerOpen(self.name, decision.state, retry)
             return Admission(None, rejected, decision.deliveries)
-        return Admission(Permit(self, decision.kind, permit_id), None, decision.deliveries)
+        claim = delivery.claim if delivery is not None and delivery.claims else ""
+        permit = Permit(self, decision.kind, permit_id)
+        return Admission(permit, None, decision.deliveries, claim=claim)
 
     def _local_permit(self) -> Permit | None:
         """A permit granted without a round trip, if the process may grant it alone."""

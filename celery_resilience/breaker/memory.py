@@ -30,7 +30,8 @@ class MemoryBreakerStore:
         self._lock = threading.Lock()
         self._states: dict[str, BreakerState] = {}
         self._deliveries: dict[tuple[str | None, str, int, int], int] = {}
-        self._done: dict[tuple[str | None, str], int] = {}  # -> expiry (µs)
+        #: The dedup markers: (scope, task id) -> ("1" succeeded, or a claim's token; expiry µs).
+        self._markers: dict[tuple[str | None, str], tuple[str, int]] = {}
         self._listeners: list[ChangeListener] = []
         self._seen: dict[str, int] = {}  # breaker -> the last version published
 
@@ -52,31 +53,52 @@ class MemoryBreakerStore:
         with self._lock:
             state = self._state(name)
             now = self._now(now_us)
-            deliveries, skip = self._deliver(name, delivery, now) if delivery else (0, "")
+            deliveries, skip, wait = self._deliver(name, delivery, now) if delivery else (0, "", 0)
             if skip:  # no permit: the task is skipped, but the deferred successes count
                 decision = model.skip(state, limits, now, deferred_successes)
             else:
                 decision = model.acquire(state, limits, now, permit_id, deferred_successes)
-            return self._publish(
-                name, dataclasses.replace(decision, deliveries=deliveries, skip=skip)
+                if decision.allowed and delivery is not None:
+                    self._claim(name, delivery, now)
+            decision = dataclasses.replace(
+                decision, deliveries=deliveries, skip=skip, claim_wait_us=wait
             )
+            return self._publish(name, decision)
 
-    def _deliver(self, scope: str | None, delivery: Delivery, now: int) -> tuple[int, Skip]:
+    def _deliver(self, scope: str | None, delivery: Delivery, now: int) -> tuple[int, Skip, int]:
         deliveries = 0
         if delivery.count:
             key = (scope, delivery.task_id, delivery.retries, delivery.replays)
             redeliveries = self._deliveries[key] = self._deliveries.get(key, 0) + 1
             deliveries = redeliveries + 1  # the first delivery is never counted
-        expiry = self._done.get((scope, delivery.task_id), 0)
-        return deliveries, delivery.skip(deliveries, delivery.check_done and expiry > now)
+        token, expiry = self._markers.get((scope, delivery.task_id), ("", 0))
+        live = delivery.check_done and expiry > now
+        skip = delivery.skip(deliveries, live and token == "1", live and token != "1")
+        return deliveries, skip, expiry - now if skip == "claimed" else 0
 
-    def deliver(self, scope: str | None, delivery: Delivery) -> tuple[int, Skip]:
+    def _claim(self, scope: str | None, delivery: Delivery, now: int) -> None:
+        if delivery.claims:
+            self._markers[(scope, delivery.task_id)] = (delivery.claim, now + delivery.lease_us)
+
+    def deliver(self, scope: str | None, delivery: Delivery) -> tuple[int, Skip, int]:
         with self._lock:
-            return self._deliver(scope, delivery, self._clock())
+            now = self._clock()
+            deliveries, skip, wait = self._deliver(scope, delivery, now)
+            if not skip:
+                self._claim(scope, delivery, now)
+            return deliveries, skip, wait
 
     def mark_done(self, scope: str | None, task_id: str, ttl: int) -> None:
         with self._lock:
-            self._done[(scope, task_id)] = self._clock() + ttl * US
+            self._markers[(scope, task_id)] = ("1", self._clock() + ttl * US)
+
+    def unclaim(self, scope: str | None, task_id: str, claim: str) -> bool:
+        with self._lock:
+            token, _ = self._markers.get((scope, task_id), ("", 0))
+            if token != claim or token == "1" or not claim:
+                return False
+            del self._markers[(scope, task_id)]
+            return True
 
     def record(
         self,

@@ -92,3 +92,7 @@ class Admission(NamedTuple):
     rejected: BreakerOpen | None
     deliveries: int = 0
     skip: Skip = ""
+    #: The token this delivery claimed its task id under (``deduplicate``), ``""`` if none.
+    claim: str = ""
+    #: With skip ``claimed``: seconds until the claim another delivery holds ends.
+    wait: float = 0.0

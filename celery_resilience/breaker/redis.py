@@ -9,7 +9,8 @@ key                                            type  holds
 ``{<prefix>:breaker:<name>}:probes``           zset  half-open probe permit id -> lease end
 ``<prefix>:breakers``                          set   names of breakers ever used (listings)
 ``{<tag>}:delivery:<id>:<retries>:<replays>``  str   redeliveries of one message (only then)
-``{<tag>}:done:<task id>``                     str   the task id succeeded (``deduplicate``)
+``{<tag>}:done:<task id>``                     str   ``1``: the task id succeeded; or a claim,
+                                                     ``<token>|<lease end µs>`` (``deduplicate``)
 =============================================  ====  =========================================
 
 Channel ``<prefix>:breaker-changes:<db>``: every change of a breaker's view (its state, and
@@ -51,6 +52,8 @@ class RedisBreakerStore:
         self._release = load_script(client, __package__, "release")
         self._force = load_script(client, __package__, "force")
         self._snapshot = load_script(client, __package__, "snapshot")
+        self._deliver = load_script(client, __package__, "deliver", prelude=False)
+        self._unclaim = load_script(client, __package__, "unclaim", prelude=False)
         self._known: set[str] = set()
         self._keys: dict[str, list[str]] = {}
 
@@ -97,43 +100,45 @@ class RedisBreakerStore:
     ) -> Decision:
         self._remember(name)
         keys = self.keys(name)
-        ttl = max_deliveries = 0
+        ttl = max_deliveries = lease_us = 0
+        claim = ""
         if delivery is not None:
             counter, marker = self._delivery_keys(name, delivery)
             # KEYS[3] must be there for KEYS[4]; a TTL of 0 says it is not to be counted.
             keys += [counter, marker] if delivery.check_done else [counter] * delivery.count
             ttl = delivery.ttl if delivery.count else 0
             max_deliveries = delivery.max_deliveries
+            claim, lease_us = (delivery.claim, delivery.lease_us) if delivery.claims else ("", 0)
         argv = [*self._argv(name, limits, now_us), permit_id, deferred_successes, ttl]
-        reply = self._acquire(keys, [*argv, max_deliveries])
+        reply = self._acquire(keys, [*argv, max_deliveries, claim, lease_us])
         allowed, kind, state, retry_after, transition, deliveries, skip, version, streak = reply[:9]
+        claimed = skip == b"claimed"  # then retry_after is the claim's, not the breaker's
         return Decision(
             allowed=bool(allowed),
             kind=cast(Kind, kind.decode()) if kind else None,
             state=cast(State, state.decode()),
-            retry_after_us=None if retry_after < 0 else int(retry_after),
+            retry_after_us=None if retry_after < 0 or claimed else int(retry_after),
             transition=_transition(transition),
             deliveries=int(deliveries),
             skip=cast(Skip, skip.decode()),
+            claim_wait_us=int(retry_after) if claimed else 0,
             version=int(version),
             streak=bool(streak),
             epoch=_text(reply[9]),
         )
 
-    def deliver(self, scope: str | None, delivery: Delivery) -> tuple[int, Skip]:
-        counter, marker = self._delivery_keys(scope, delivery)
-        with self.client.pipeline(transaction=False) as pipe:
-            if delivery.count:
-                pipe.incr(counter)
-                pipe.expire(counter, delivery.ttl)
-            if delivery.check_done:
-                pipe.exists(marker)
-            replies = pipe.execute()
-        deliveries = int(replies[0]) + 1 if delivery.count else 0
-        return deliveries, delivery.skip(deliveries, bool(delivery.check_done and replies[-1]))
+    def deliver(self, scope: str | None, delivery: Delivery) -> tuple[int, Skip, int]:
+        keys = self._delivery_keys(scope, delivery)
+        claim, lease_us = (delivery.claim, delivery.lease_us) if delivery.claims else ("", 0)
+        argv = [delivery.ttl if delivery.count else 0, int(delivery.check_done), claim, lease_us]
+        deliveries, skip, wait_us = self._deliver(keys, [*argv, delivery.max_deliveries])
+        return int(deliveries), cast(Skip, skip.decode()), int(wait_us)
 
     def mark_done(self, scope: str | None, task_id: str, ttl: int) -> None:
         self.client.set(f"{self._tag(scope)}:done:{task_id}", 1, ex=ttl)
+
+    def unclaim(self, scope: str | None, task_id: str, claim: str) -> bool:
+        return bool(self._unclaim([f"{self._tag(scope)}:done:{task_id}"], [claim]))
 
     def record(
         self,

@@ -26,7 +26,11 @@ class Delivery:
     ``count``: this delivery of (task id, retries, replays) is a redelivery (the broker flagged
     it): count it, to spot a message redelivered in a loop (past ``max_deliveries``, 0 = no
     limit). A first delivery is never counted, so deliveries = redeliveries counted + 1.
-    ``check_done``: has this task id already succeeded (``deduplicate=True``)?
+    ``check_done``: has this task id already succeeded, or does another delivery of it hold
+    its claim (``deduplicate=True``)? With ``claim`` (a token unique to this delivery), a
+    delivery that is admitted claims the task id in the same step, for ``lease_us``
+    microseconds: no other delivery of the id is admitted until the claim is replaced by the
+    success marker (``mark_done``), given back (``unclaim``) or its lease ends.
     """
 
     task_id: str
@@ -36,13 +40,25 @@ class Delivery:
     check_done: bool = False
     ttl: int = 3600
     max_deliveries: int = 0
+    claim: str = ""
+    lease_us: int = 0
 
-    def skip(self, deliveries: int, done: bool) -> Skip:
+    def skip(self, deliveries: int, done: bool, claimed: bool = False) -> Skip:
+        """Why this delivery takes no permit (the spec the stores follow), ``""`` if none."""
         if done:
             return "done"
+        # Before "claimed": a message that kills its worker each time claims the id each time,
+        # and must still be parked after max_deliveries rather than wait for its claim forever.
         if self.max_deliveries and deliveries > self.max_deliveries:
             return "redelivered"
+        if claimed:
+            return "claimed"
         return ""
+
+    @property
+    def claims(self) -> bool:
+        """An admitted delivery claims its task id."""
+        return self.check_done and bool(self.claim)
 
 
 class DeliveryGuard(Protocol):
@@ -53,12 +69,19 @@ class DeliveryGuard(Protocol):
     then share the breaker's hash tag) or ``None``.
     """
 
-    def deliver(self, scope: str | None, delivery: Delivery) -> tuple[int, Skip]:
-        """``Delivery`` alone, for a task without a breaker: (deliveries, skip)."""
+    def deliver(self, scope: str | None, delivery: Delivery) -> tuple[int, Skip, int]:
+        """``Delivery`` alone, for a task without a breaker: (deliveries, skip, µs until the
+        claim another delivery holds ends: with skip ``claimed``, else 0). With skip ``""``
+        the delivery claimed the task id if it asked to."""
         ...
 
     def mark_done(self, scope: str | None, task_id: str, ttl: int) -> None:
-        """Remember that ``task_id`` succeeded, for ``ttl`` seconds."""
+        """Remember that ``task_id`` succeeded, for ``ttl`` seconds (it replaces a claim)."""
+        ...
+
+    def unclaim(self, scope: str | None, task_id: str, claim: str) -> bool:
+        """Give back the claim ``claim`` on ``task_id`` (the delivery did not succeed), if it
+        is still held under that token: True if it was."""
         ...
 
 

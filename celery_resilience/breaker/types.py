@@ -18,8 +18,9 @@ Kind = Literal["normal", "probe"]
 Transition = Literal["opened", "half_opened", "closed", "forced_open", "forced_closed", "reset"]
 Action = Literal["open", "closed", "reset"]
 #: Why an admission took no permit without asking the breaker: the task id already succeeded
-#: (``deduplicate``), or this message was delivered more than ``resilience_max_deliveries`` times.
-Skip = Literal["", "done", "redelivered"]
+#: (``deduplicate``), another delivery of it holds its claim and runs it now (``deduplicate``),
+#: or this message was delivered more than ``resilience_max_deliveries`` times.
+Skip = Literal["", "done", "claimed", "redelivered"]
 
 STATES: tuple[State, ...] = ("closed", "open", "half_open", "forced_open", "forced_closed")
 #: The sliding window is kept in this many buckets: constant work per record.
@@ -115,6 +116,8 @@ class Decision:
     transition: Transition | None
     deliveries: int = 0
     skip: Skip = ""
+    #: With skip ``claimed``: microseconds until the claim's lease ends.
+    claim_wait_us: int = 0
     # The view after the call (see :func:`view`): what it means for caching, not the decision.
     version: int = field(default=0, compare=False)
     streak: bool = field(default=False, compare=False)

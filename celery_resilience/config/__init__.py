@@ -52,6 +52,8 @@ RedisErrorPolicy = Literal["fail_open", "fail_closed"]
 #: Replays a queue may hold before the drain waits: with a 2-process worker prefetching 4 each,
 #: a task sent behind a full queue waits for some 16 replays, a fraction of a second.
 DEFAULT_MAX_QUEUE_DEPTH = 8
+#: Seconds a claim's lease outlasts a task's hard time limit: the kill is not instant.
+CLAIM_LEASE_MARGIN = 10.0
 #: The longest a ``park_on`` entry waits between replays (seconds).
 _PARK_ON_DELAY_CAP = 86400.0
 
@@ -69,6 +71,7 @@ SETTINGS = (
     "max_countdown",
     "max_deliveries",
     "dedup_ttl",
+    "dedup_lease",
     "serializer",
     "drain_batch",
     "drain_rate",
@@ -104,6 +107,9 @@ class ResilienceConfig:
     max_countdown: float = _DEFAULT_VISIBILITY_TIMEOUT * _COUNTDOWN_SAFETY
     max_deliveries: int = 3
     dedup_ttl: float = 86400.0
+    #: How long a delivery of a task with ``deduplicate=True`` and no hard time limit holds
+    #: its task id's claim at most (seconds).
+    dedup_lease: float = 600.0
     serializer: str = "json"
     drain_batch: int = 100
     drain_rate: float = 50.0
@@ -162,6 +168,14 @@ class ResilienceConfig:
         cap = max(self.park_on_delay, _PARK_ON_DELAY_CAP)
         return Exponential(base=self.park_on_delay, cap=cap, jitter="equal")(replays)
 
+    def claim_lease(self, time_limit: float | None) -> float:
+        """How long a delivery holds its task id's claim (``deduplicate``): past its hard time
+        limit the worker kills the body, so a little longer than that; without one,
+        ``resilience_dedup_lease``."""
+        if time_limit:
+            return float(time_limit) + CLAIM_LEASE_MARGIN
+        return self.dedup_lease
+
     def breaker(self, name: str) -> BreakerConfig:
         """The settings of breaker ``name``: its own entry, or the defaults for undeclared names."""
         return self.breakers.get(name, self.breaker_defaults)
@@ -215,6 +229,7 @@ class ResilienceConfig:
             max_countdown=_max_countdown(get("max_countdown"), conf),
             max_deliveries=_integer("resilience_max_deliveries", get("max_deliveries", 3)),
             dedup_ttl=_positive("resilience_dedup_ttl", get("dedup_ttl", 86400.0)),
+            dedup_lease=_positive("resilience_dedup_lease", get("dedup_lease", 600.0)),
             serializer=serializer(get("serializer"), conf.get("task_serializer")),
             drain_batch=_integer("resilience_drain_batch", get("drain_batch", 100)),
             drain_rate=_positive("resilience_drain_rate", get("drain_rate", 50.0)),

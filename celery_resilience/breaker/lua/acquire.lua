@@ -7,11 +7,15 @@
 -- ARGV[15] deliveries allowed per message (0 = no limit): past it, no permit is taken
 -- KEYS[3] optional: redelivery counter of this message, {..}:delivery:<task id>:<retries>:<replays>
 --         (given only for a redelivery: deliveries = its count + 1, the first never counted)
--- KEYS[4] optional: success marker of this task id, {..}:done:<task id> (deduplicate=True)
--- Returns {allowed 0|1, kind "normal"|"probe"|"", state, retry_after_us (-1 = unknown),
---          transition this call made or "", deliveries of this message (0 = not counted),
---          skip: "" | "done" (the task id already succeeded) | "redelivered" (past ARGV[15]);
---          when skip is set no permit was taken, version of the view, streak 0|1,
+-- KEYS[4] optional: dedup marker of this task id, {..}:done:<task id> (deduplicate=True):
+--         "1" the task id succeeded, or "<token>|<lease end, µs>" a delivery runs it now
+-- ARGV[16] claim token: with KEYS[4], a permitted delivery claims the task id under it ("" none)
+-- ARGV[17] claim lease (µs): the marker names its end; the key expires then too (real time)
+-- Returns {allowed 0|1, kind "normal"|"probe"|"", state, retry_after_us (-1 = unknown; with
+--          skip "claimed": until the claim's lease ends), transition this call made or "",
+--          deliveries of this message (0 = not counted), skip: "" | "done" (the task id
+--          already succeeded) | "claimed" (another delivery holds its claim) | "redelivered"
+--          (past ARGV[15]); when skip is set no permit was taken, version of the view, streak 0|1,
 --          epoch of the hash ("" while it does not exist)}
 
 local permit_id = ARGV[12]
@@ -22,7 +26,8 @@ if KEYS[3] and ARGV[14] ~= '0' then
   deliveries = redis.call('INCR', KEYS[3]) + 1
   redis.call('EXPIRE', KEYS[3], ARGV[14])
 end
-if KEYS[4] and redis.call('EXISTS', KEYS[4]) == 1 then
+local marker = KEYS[4] and redis.call('GET', KEYS[4])
+if marker == '1' then
   save()
   return {0, '', state(), -1, '', deliveries, 'done', num('ver'), streak(), epoch()}
 end
@@ -30,11 +35,28 @@ if max_deliveries > 0 and deliveries > max_deliveries then
   save()
   return {0, '', state(), -1, '', deliveries, 'redelivered', num('ver'), streak(), epoch()}
 end
+if marker then
+  local lease_end = tonumber(string.match(marker, '|(%d+)$'))
+  if lease_end and lease_end > now then
+    save()
+    return {0, '', state(), lease_end - now, '', deliveries, 'claimed', num('ver'), streak(),
+            epoch()}
+  end
+end
+
+-- A permitted delivery of a task with deduplicate=True claims its task id before its body runs.
+local function claim()
+  if KEYS[4] and ARGV[16] ~= '' then
+    local lease = tonumber(ARGV[17])
+    local value = ARGV[16] .. '|' .. string.format('%d', now + lease)
+    redis.call('SET', KEYS[4], value, 'PX', math.max(1, math.ceil(lease / 1000)))
+  end
+end
 
 local transition = ''
 local s = state()
 if s == 'closed' or s == 'forced_closed' then
-  save()
+  claim(); save()
   return {1, 'normal', s, -1, '', deliveries, '', num('ver'), streak(), epoch()}
 end
 if s == 'forced_open' then
@@ -56,7 +78,7 @@ end
 redis.call('ZREMRANGEBYSCORE', PROBES_KEY, '-inf', now)
 if redis.call('ZCARD', PROBES_KEY) < lim.half_open_max_calls then
   redis.call('ZADD', PROBES_KEY, now + lim.probe_lease_us, permit_id)
-  save()
+  claim(); save()
   return {1, 'probe', 'half_open', -1, transition, deliveries, '', num('ver'), streak(), epoch()}
 end
 incr('rejected_total', 1); save()
