@@ -276,6 +276,13 @@ def define_tasks(app: Celery, s: Mapping[str, Any]) -> None:
         r.sadd(succeeded, self.request.id)
         return order_id
 
+    define_once_tasks(app, prefix, url, resilient)
+
+
+def define_once_tasks(app: Celery, prefix: str, url: str, options: Mapping[str, Any]) -> None:
+    """``workerapp.once`` and ``workerapp.once_dep``: ``deduplicate=True`` without a breaker
+    (``deliver.lua``) and with one (``acquire.lua``)."""
+
     def run_once(self: Any, order_id: str, seconds: float) -> str:
         """Counts its runs per task id (``<P>:once:runs``) and logs each start; only the first
         run of an id takes ``seconds`` (a run after a crash is quick)."""
@@ -285,12 +292,11 @@ def define_tasks(app: Celery, s: Mapping[str, Any]) -> None:
         r.rpush(f"{prefix}:once:started", json.dumps(start))
         if n == 1:
             time.sleep(seconds)
-        r.sadd(succeeded, self.request.id)
+        r.sadd(f"{prefix}:ledger:succeeded", self.request.id)
         return order_id
 
-    # deduplicate=True without a breaker (deliver.lua) and with one (acquire.lua).
-    app.task(name="workerapp.once", deduplicate=True, **resilient)(run_once)
-    app.task(name="workerapp.once_dep", breaker="dep", deduplicate=True, **resilient)(run_once)
+    app.task(name="workerapp.once", deduplicate=True, **options)(run_once)
+    app.task(name="workerapp.once_dep", breaker="dep", deduplicate=True, **options)(run_once)
 
 
 app = make_app(os.environ)
