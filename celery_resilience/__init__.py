@@ -9,6 +9,8 @@ from .errors import (
     ParkedTaskDead,
     ResilienceError,
     StoreUnavailable,
+    TaskIdClaimed,
+    Unparkable,
 )
 from .parked import ParkedTask
 from .resilience import Resilience
@@ -32,6 +34,8 @@ __all__ = [
     "ResilienceError",
     "ResilientTask",
     "StoreUnavailable",
+    "TaskIdClaimed",
+    "Unparkable",
     "__version__",
     "backoff",
     "beat",
