@@ -12,6 +12,7 @@ OUTAGE_GATEWAY_URL    the gateway's API (``outagegateway.py``)
 OUTAGE_DRAIN_EVERY    seconds between beat's drains (``Resilience.beat_schedule(every=...)``)
 OUTAGE_DRAIN_RATE     ``resilience_drain_rate`` (unset: the package's default)
 OUTAGE_DRAIN_BATCH    ``resilience_drain_batch`` (unset: the package's default)
+OUTAGE_BULKHEAD       the ``gateway`` breaker's ``max_concurrent_calls`` (unset: no bulkhead)
 ====================  ======================================================================
 
 Two task types share the queue. ``outage.report(n)`` does ~5 ms of local work and calls
@@ -55,6 +56,7 @@ GATEWAY_URL = os.environ.get("OUTAGE_GATEWAY_URL", "http://127.0.0.1:8099")
 DRAIN_EVERY = float(os.environ.get("OUTAGE_DRAIN_EVERY", "5"))
 DRAIN_RATE = float(os.environ.get("OUTAGE_DRAIN_RATE") or 0) or None
 DRAIN_BATCH = int(os.environ.get("OUTAGE_DRAIN_BATCH") or 0) or None
+BULKHEAD = int(os.environ.get("OUTAGE_BULKHEAD") or 0) or None
 
 #: The client's timeout (connect, and read): what a hung gateway costs a worker per call.
 TIMEOUT = 2.0
@@ -98,7 +100,11 @@ def settings(
         "resilience_redis_url": broker_url,
         "resilience_key_prefix": prefix,
         "resilience_breakers": {
-            BREAKER: {"failure_threshold": FAILURE_THRESHOLD, "open_timeout": OPEN_TIMEOUT}
+            BREAKER: {
+                "failure_threshold": FAILURE_THRESHOLD,
+                "open_timeout": OPEN_TIMEOUT,
+                "max_concurrent_calls": BULKHEAD,
+            }
         },
     }
 

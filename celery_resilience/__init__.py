@@ -5,6 +5,7 @@ from .breaker import Breaker, Permit
 from .drain import DrainReport
 from .errors import (
     BreakerOpen,
+    BulkheadFull,
     ConfigurationError,
     ParkedTaskDead,
     ResilienceError,
@@ -25,6 +26,7 @@ worker.connect()
 __all__ = [
     "Breaker",
     "BreakerOpen",
+    "BulkheadFull",
     "ConfigurationError",
     "DrainReport",
     "ParkedTask",

@@ -133,6 +133,7 @@ def _tasks(runtime: Runtime, tasks: Iterable[Any]) -> list[Finding]:
                     "broker. Lower the backoff's cap if they should stay in the broker.",
                 )
             )
+        findings += _bulkhead_lease(runtime, task)
     return findings
 
 
@@ -164,6 +165,31 @@ def _hang_bounds(runtime: Runtime, tasks: Iterable[Any]) -> list[Finding]:
             )
         )
     return findings
+
+
+def _bulkhead_lease(runtime: Runtime, task: Any) -> list[Finding]:
+    """A call that outlives its bulkhead slot's lease loses the slot to another caller: the
+    limit then lets one call more through. The task's time limit bounds its call."""
+    if task.breaker is None:
+        return []
+    config = runtime.config.breaker(task.breaker)
+    conf = runtime.app.conf
+    bounds = [
+        getattr(task, n, None) or conf.get(f"task_{n}") for n in ("time_limit", "soft_time_limit")
+    ]
+    longest = max((float(b) for b in bounds if b), default=0.0)
+    if config.max_concurrent_calls is None or longest <= config.call_lease:
+        return []
+    return [
+        Finding(
+            "warning",
+            f"{task.name} may run {longest:.0f}s (its time limit) through breaker "
+            f"{task.breaker!r}, longer than the bulkhead's call_lease ({config.call_lease:.0f}s): "
+            "a call still running when its lease ends gives its slot away, and more than "
+            f"max_concurrent_calls ({config.max_concurrent_calls}) calls may then be in flight. "
+            "Raise call_lease above the time limit.",
+        )
+    ]
 
 
 def _task_option(task: Any, conf: Any, name: str) -> bool:

@@ -4,7 +4,8 @@ At-least-once: an entry is removed only after its publish returned; a drainer th
 its claimed entries to come due again when their lease ends (duplicates: at most one batch).
 One drainer at a time (``drain_lock.py``), the lock renewed after every batch.
 Gating: a breaker that is open releases nothing, a half-open one no more than its free probe
-permits (the probes decide), a closed one what the pace allows.
+permits (the probes decide), a closed one what the pace allows; a full bulkhead releases
+nothing, whatever the state.
 
 Two ways to run it:
 
@@ -171,6 +172,9 @@ class Drainer:
         breaker = self.runtime.breaker(name)
         snap = breaker.snapshot()
         state = snap["state"]
+        limit = breaker.config.max_concurrent_calls
+        if limit is not None and int(snap["calls_in_flight"]) >= limit:
+            return 0, snap  # a full bulkhead: the dependency is busy (or hangs): replays bounce
         if state in ("closed", "forced_closed"):
             return None, snap
         if state == "half_open":

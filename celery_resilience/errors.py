@@ -38,6 +38,18 @@ class BreakerOpen(ResilienceError):
         return (type(self), (self.breaker, self.state, self.retry_after))
 
 
+class BulkheadFull(BreakerOpen):
+    """The breaker would admit the call, but ``max_concurrent_calls`` calls to its dependency are
+    already in flight across the fleet. A ``BreakerOpen``, so code that handles a rejection
+    handles this one too; ``retry_after`` is ``None``: a slot frees when some call ends. The
+    dependency was not called, so a task retried for it (``on_open="retry"``) spends no retry
+    (in eager mode it does: eager retries run at once, recursively, and must end)."""
+
+    def __init__(self, breaker: str, state: str, retry_after: float | None = None) -> None:
+        super().__init__(breaker, state, retry_after)
+        self.args = (f"breaker {breaker!r} is {state} but its bulkhead is full",)
+
+
 class StoreUnavailable(ResilienceError):
     """Redis (or the configured store) could not be reached within its timeout."""
 

@@ -66,7 +66,12 @@ class ResilienceCollector:
         )
         transitions = counter("breaker_transitions", "Transitions made", ["breaker", "transition"])
         calls = counter("breaker_calls", "Recorded calls by outcome", ["breaker", "outcome"])
-        rejected = counter("breaker_rejected_calls", "Calls the breaker rejected", ["breaker"])
+        rejected = counter(
+            "breaker_rejected_calls", "Calls the breaker rejected", ["breaker", "reason"]
+        )
+        in_flight = gauge(
+            "breaker_calls_in_flight", "Calls holding a bulkhead slot, fleet-wide", ["breaker"]
+        )
         for name in res.breaker_names():
             snap = res.breaker(name).snapshot()
             for each in STATES:
@@ -78,8 +83,13 @@ class ResilienceCollector:
                 transitions.add_metric([name, transition], snap[f"{transition}_total"])
             calls.add_metric([name, "success"], snap["successes_total"])
             calls.add_metric([name, "failure"], snap["failures_total"])
-            rejected.add_metric([name], snap["rejected_total"])
-        yield from (state, window_calls, window_failures, consecutive, transitions, calls, rejected)
+            # A full bulkhead is a rejection of its own: the dependency was not judged down.
+            full = snap["bulkhead_rejected_total"]
+            rejected.add_metric([name, "breaker_open"], snap["rejected_total"] - full)
+            rejected.add_metric([name, "bulkhead_full"], full)
+            in_flight.add_metric([name], snap["calls_in_flight"])
+        yield from (state, window_calls, window_failures, consecutive, transitions, calls)
+        yield from (rejected, in_flight)
         yield from self._backout()
 
     def _backout(self) -> Iterator[Any]:

@@ -24,7 +24,7 @@ from .backoff import BackoffStrategy, Exponential
 from .breaker.permit import Admission
 from .breaker.store import Delivery
 from .config import exception_types
-from .errors import BreakerOpen, ConfigurationError
+from .errors import BreakerOpen, BulkheadFull, ConfigurationError
 from .events import send_task_parked
 from .headers import REDELIVERED_HEADER, new_message_headers, redelivered, replays_of
 from .parked.entry import ParkedTask, Reason
@@ -196,8 +196,9 @@ class ResilientTask(Task):  # type: ignore[misc]
         max_retries: int | None = None,  # the body's own retry(max_retries=...)
     ) -> NoReturn:
         retries = request.retries or 0
+        spent = 0 if isinstance(exc, BulkheadFull) and not request.is_eager else 1  # no attempt
         limit = self.max_retries if max_retries is None else max_retries
-        if limit is not None and retries >= limit:
+        if spent and limit is not None and retries >= limit:
             reason: Reason = "breaker_open" if isinstance(exc, BreakerOpen) else "retries_exhausted"
             self._park(reason, exc, request, due_in=self.backoff(retries))
         countdown = self.backoff(retries) if delay is None else delay
@@ -208,7 +209,7 @@ class ResilientTask(Task):  # type: ignore[misc]
             "Task %s[%s] retry %d/%s in %.2fs: %r",
             self.name,
             request.id,
-            retries + 1,
+            retries + spent,
             self.max_retries,
             countdown,
             exc,
@@ -218,7 +219,7 @@ class ResilientTask(Task):  # type: ignore[misc]
         try:
             # Published here, not through Task.retry: Celery turns a failed publish there into
             # Reject(requeue=False), and with acks_late the message would be gone.
-            self._send_again(request, countdown, retries + 1)
+            self._send_again(request, countdown, retries + spent)
         except Exception as publish_error:
             self.runtime.retry_trouble.failed(
                 publish_error,

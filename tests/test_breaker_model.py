@@ -369,4 +369,5 @@ def test_totals_count_every_call_rejection_and_transition() -> None:
         "failures_total": 2,
         "successes_total": 5,
         "rejected_total": 2,
+        "bulkhead_rejected_total": 0,
     }

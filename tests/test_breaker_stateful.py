@@ -2,10 +2,10 @@
 
 Hypothesis drives random sequences of acquire (with and without the delivery questions: the
 redelivery count, the dedup marker and the claim of a task id) / record / release / mark done /
-give a claim back / advance time / force through all three with the same pinned clock; any
-divergence is a bug in the scripts (the model is the spec). The view each call returns
-(version, streak) must agree too, and every change of it must be published once, in order, on
-the Redis channel and to the memory store's watchers.
+give a claim back / advance time / force through all three with the same pinned clock, on
+breakers with and without a bulkhead; any divergence is a bug in the scripts (the model is the
+spec). The view each call returns (version, streak) must agree too, and every change of it must
+be published once, in order, on the Redis channel and to the memory store's watchers.
 """
 
 from __future__ import annotations
@@ -48,6 +48,8 @@ breaker_configs = st.builds(
     open_timeout_max=st.sampled_from([None, 8.0]),
     half_open_max_calls=st.integers(1, 3),
     probe_lease=st.sampled_from([0.5, 2.0]),
+    max_concurrent_calls=st.sampled_from([None, None, 1, 2, 3]),
+    call_lease=st.sampled_from([0.5, 2.0, 5.0]),
 )
 
 

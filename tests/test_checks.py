@@ -201,6 +201,42 @@ def test_a_guarded_task_with_nothing_to_end_a_hanging_call_is_a_warning(
     assert not [f for f in checks(app) if f.message.startswith("checks.unbounded")]
 
 
+def test_a_time_limit_longer_than_the_bulkheads_call_lease_is_a_warning(
+    server: RedisServer,
+) -> None:
+    configure(server, "noeviction", appendonly=True)
+    app = make_app(
+        server.url,
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        resilience_breakers={
+            "gateway": {"max_concurrent_calls": 4, "call_lease": 30.0},
+            "plain": {},
+        },
+    )
+    options: dict[str, Any] = {"base": ResilientTask, "bind": True, "shared": False}
+
+    @app.task(name="checks.outlives", breaker="gateway", time_limit=120, **options)
+    def outlives(self: Any) -> None: ...
+
+    @app.task(name="checks.within", breaker="gateway", soft_time_limit=20, **options)
+    def within(self: Any) -> None: ...
+
+    @app.task(name="checks.unbulkheaded", breaker="plain", time_limit=120, **options)
+    def unbulkheaded(self: Any) -> None: ...
+
+    mine = [f for f in checks(app) if f.message.startswith("checks.")]
+    assert mine == [
+        Finding(
+            "warning",
+            "checks.outlives may run 120s (its time limit) through breaker 'gateway', longer "
+            "than the bulkhead's call_lease (30s): a call still running when its lease ends "
+            "gives its slot away, and more than max_concurrent_calls (4) calls may then be in "
+            "flight. Raise call_lease above the time limit.",
+        )
+    ]
+
+
 # -- Redis ----------------------------------------------------------------------------------------
 
 

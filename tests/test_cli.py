@@ -202,7 +202,8 @@ def test_status_table_and_json(cli: Cli) -> None:
 
     lines = table.stdout.splitlines()
     assert lines[0].split() == [
-        "breaker", "state", "consecutive", "window", "opened", "open", "until", "parked", "dead"
+        "breaker", "state", "consecutive", "window", "opened", "open", "until", "bulkhead",
+        "parked", "dead",
     ]  # fmt: skip
     rows = {line.split()[0]: line for line in lines[2:] if not line.startswith("without")}
     assert set(rows) == {"legacy", "payments", "search"}
@@ -212,7 +213,9 @@ def test_status_table_and_json(cli: Cli) -> None:
     assert rows["search"].split()[-2:] == ["1", "0"]
     assert rows["payments"].split()[1] == "forced_open"
     assert rows["payments"].split()[-2:] == ["3", "1"]
-    assert rows["legacy"].split() == ["legacy", "closed", "1", "1/2", "failed", "0", "-", "1", "0"]
+    assert rows["legacy"].split() == [
+        "legacy", "closed", "1", "1/2", "failed", "0", "-", "-", "1", "0"
+    ]  # fmt: skip
     assert lines[-1] == "without breaker: 1 parked, 1 dead"
 
 

@@ -58,6 +58,11 @@ BAD_BREAKER_OPTIONS = [
     ("open_timeout", [30]),
     ("open_timeout_max", -math.inf),
     ("probe_lease", 0),
+    ("max_concurrent_calls", 0),
+    ("max_concurrent_calls", True),
+    ("max_concurrent_calls", 2.5),
+    ("call_lease", 0),
+    ("call_lease", None),
     ("slow_call_seconds", -0.5),
     ("slow_call_seconds", True),
     ("ignore", 42),
@@ -84,13 +89,28 @@ def test_a_bad_breaker_option_names_the_breaker_option_and_shows_the_value(
     assert repr(shown) in message
 
 
-@pytest.mark.parametrize(("option", "value"), [("failure_threshold", 0), ("window", "1m")])
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("failure_threshold", 0), ("window", "1m"), ("max_concurrent_calls", -1)],
+)
 def test_a_bad_breaker_default_names_resilience_breaker_defaults(option: str, value: Any) -> None:
     app = make_app(breaker_defaults={option: value})
     with pytest.raises(ConfigurationError) as info:
         Resilience(app)
     assert f"resilience_breaker_defaults[{option!r}]" in str(info.value)
     assert repr(value) in str(info.value)
+
+
+def test_the_bulkhead_is_off_by_default_and_breaker_defaults_turn_it_on_for_every_breaker() -> None:
+    assert BreakerConfig().max_concurrent_calls is None
+    app = make_app(
+        breaker_defaults={"max_concurrent_calls": 4, "call_lease": 30},
+        breakers={"payments": {}, "search": {"max_concurrent_calls": 2}},
+    )
+    res = Resilience(app)
+    payments, search = res.breaker("payments").config, res.breaker("search").config
+    assert (payments.max_concurrent_calls, payments.call_lease) == (4, 30.0)
+    assert (search.max_concurrent_calls, search.call_lease) == (2, 30.0)
 
 
 def test_an_unknown_breaker_option_is_named() -> None:

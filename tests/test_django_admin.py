@@ -30,7 +30,10 @@ APP: Celery | None = None  # CELERY_RESILIENCE_APP = "tests.test_django_admin:AP
 STORE_URL = "/admin/celery_resilience/storeentry/"
 RECORD_URL = "/admin/celery_resilience/parkedtaskrecord/"
 BREAKERS_URL = "/admin/celery_resilience/breaker/"
-BREAKERS = {"payments": {"failure_threshold": 3, "open_timeout": 30.0}, "search": {}}
+BREAKERS = {
+    "payments": {"failure_threshold": 3, "open_timeout": 30.0},
+    "search": {"max_concurrent_calls": 4},
+}
 
 
 def charge(order: int, note: str | None = None) -> int:
@@ -476,6 +479,7 @@ def test_breakers_page_shows_state_counts_and_open_until(
         payments.acquire().failure()
     assert payments.state == "open"
     open_until = payments.snapshot()["open_until"]
+    res.breaker("search").acquire()  # a call in flight, under the bulkhead
     res.breaker("search").force_open()
     park(res, 1, breaker="legacy")  # not configured: known by its parked task
     legacy = res.breaker("legacy")
@@ -491,6 +495,7 @@ def test_breakers_page_shows_state_counts_and_open_until(
     assert f'title="{when(open_until)}">in ' in page  # the exact time on hover
     assert row_of(page, "search")["state"] == "forced_open"
     assert row_of(page, "search")["open_until"] == "—"
+    assert (row_of(page, "search")["in_flight"], pay["in_flight"]) == ("1/4", "—")
     old = row_of(page, "legacy")
     assert (old["state"], old["consecutive_failures"], old["window"]) == (
         "closed",

@@ -313,6 +313,24 @@ def test_half_open_breaker_releases_only_its_probe_permits(
     assert resilience.backout.count() == 8
 
 
+def test_a_full_bulkhead_releases_nothing_and_a_free_slot_releases_everything(
+    kind: str, make_resilience: MakeResilience, redis_client: redis.Redis, queue: str
+) -> None:
+    resilience = make_resilience(kind, breakers={"dep": {"max_concurrent_calls": 1}})
+    breaker = resilience.breaker("dep")
+    held = breaker.acquire()  # the one slot: a call in flight, the dependency busy
+    park(resilience, 5, queue)
+
+    report = resilience.drain()
+    assert (report.replayed, report.skipped) == (0, 5)
+    assert sent_count(redis_client, queue) == 0
+
+    held.success()
+    report = resilience.drain()
+    assert report.replayed == 5  # the bulkhead limits calls at once, not the drain's pace
+    assert sent_count(redis_client, queue) == 5
+
+
 def test_closed_breaker_drains_everything_in_batches_at_the_rate(
     kind: str,
     make_resilience: MakeResilience,

@@ -34,6 +34,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "config.*",
             "breaker.types",
             "breaker.model",
+            "breaker.bulkhead",
         ),
     ),
     ("stores", ("redis_io", "events", "breaker", "breaker.*", "parked", "parked.*")),

@@ -31,7 +31,7 @@ from celery import Celery
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from celery_resilience import BreakerOpen, ParkedTask, Resilience
+from celery_resilience import BreakerOpen, BulkheadFull, ParkedTask, Resilience
 from celery_resilience.metrics import ResilienceCollector
 from tests import cliapp
 
@@ -230,7 +230,7 @@ def _search_trips_and_rejects(world: World) -> None:
     assert value(step, "breaker_transitions_total", breaker="search", transition="opened") == 1
     assert value(step, "breaker_calls_total", breaker="search", outcome="success") == 2
     assert value(step, "breaker_calls_total", breaker="search", outcome="failure") == 3
-    assert value(step, "breaker_rejected_calls_total", breaker="search") == 2
+    assert value(step, "breaker_rejected_calls_total", breaker="search", reason="breaker_open") == 2
     assert value(step, "breaker_consecutive_failures", breaker="search") == 0  # cleared by trip
     assert _state(step, "payments") == "closed"
 
@@ -268,7 +268,9 @@ def _payments_trip_probe_close(world: World) -> None:
     assert transitions == {"opened": 2, "half_opened": 2, "closed": 1}
     assert value(step, "breaker_calls_total", breaker="payments", outcome="failure") == 7
     assert value(step, "breaker_calls_total", breaker="payments", outcome="success") == 1
-    assert value(step, "breaker_rejected_calls_total", breaker="payments") == 0
+    assert (
+        value(step, "breaker_rejected_calls_total", breaker="payments", reason="breaker_open") == 0
+    )
 
 
 def _parks(world: World) -> None:
@@ -296,7 +298,7 @@ def _parks(world: World) -> None:
     assert value(step, "parked_total", breaker="payments", reason="retries_exhausted") == 1
     assert value(step, "parked_total", breaker="", reason="park_on") == 1
     # Rejected admissions of the task count as rejected calls too.
-    assert value(step, "breaker_rejected_calls_total", breaker="search") == 4
+    assert value(step, "breaker_rejected_calls_total", breaker="search", reason="breaker_open") == 4
 
 
 def _retries(world: World) -> None:
@@ -353,10 +355,16 @@ def _status_shows_the_same(world: World) -> None:
             "breaker_consecutive_failures": "consecutive_failures",
             "breaker_window_calls": "window_calls",
             "breaker_window_failures": "window_failures",
-            "breaker_rejected_calls_total": "rejected_total",
+            "breaker_calls_in_flight": "calls_in_flight",
         }
         for metric, field in gauges.items():
             assert value(step, metric, breaker=name) == snap[field], metric
+        rejected = {
+            reason: value(step, "breaker_rejected_calls_total", breaker=name, reason=reason)
+            for reason in ("breaker_open", "bulkhead_full")
+        }
+        full = snap["bulkhead_rejected_total"]
+        assert rejected == {"breaker_open": snap["rejected_total"] - full, "bulkhead_full": full}
         for transition in ("opened", "half_opened", "closed"):
             labels = {"breaker": name, "transition": transition}
             expected = snap[f"{transition}_total"]
@@ -370,6 +378,36 @@ def _status_shows_the_same(world: World) -> None:
         "parked": value(step, "backout_entries", breaker="", status="parked"),
         "dead": value(step, "backout_entries", breaker="", status="dead"),
     }
+
+
+def test_a_full_bulkhead_is_a_rejection_of_its_own_and_calls_in_flight_a_gauge(
+    key_prefix: str, redis_url: str
+) -> None:
+    app = Celery("metrics-bulkhead", broker=redis_url, set_as_current=False)
+    app.conf.resilience_redis_url = redis_url
+    app.conf.resilience_key_prefix = key_prefix
+    app.conf.resilience_breakers = {"gateway": {"max_concurrent_calls": 1}}
+    res = Resilience(app)
+    registry = CollectorRegistry()
+    registry.register(ResilienceCollector(res))
+    try:
+        gateway = res.breaker("gateway")
+        held = gateway.acquire()
+        for _ in range(2):
+            with pytest.raises(BulkheadFull):
+                gateway.call(lambda: "never runs")
+        step = parse(generate_latest(registry).decode())
+        rejected = {
+            reason: value(step, "breaker_rejected_calls_total", breaker="gateway", reason=reason)
+            for reason in ("breaker_open", "bulkhead_full")
+        }
+        assert rejected == {"breaker_open": 0, "bulkhead_full": 2}
+        assert value(step, "breaker_calls_in_flight", breaker="gateway") == 1
+        held.success()
+        step = parse(generate_latest(registry).decode())
+        assert value(step, "breaker_calls_in_flight", breaker="gateway") == 0
+    finally:
+        res.close()
 
 
 def test_collector_registers_and_serves_nothing_stale(world: World) -> None:

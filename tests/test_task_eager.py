@@ -26,7 +26,14 @@ import pytest
 from celery import Celery, current_task, states
 from celery.app.trace import build_tracer
 
-from celery_resilience import BreakerOpen, Resilience, ResilientTask, StoreUnavailable, backoff
+from celery_resilience import (
+    BreakerOpen,
+    BulkheadFull,
+    Resilience,
+    ResilientTask,
+    StoreUnavailable,
+    backoff,
+)
 from celery_resilience.breaker import MemoryBreakerStore
 from celery_resilience.config import ResilienceConfig
 from celery_resilience.headers import REPLAYS_HEADER, body_digest, entry_id
@@ -299,6 +306,48 @@ def test_on_open_retry_waits_out_the_open_breaker_then_parks_as_breaker_open(
     entry = only_entry(app)
     assert (entry.reason, entry.task_id, entry.retries) == ("breaker_open", "waits", 2)
     assert entry.exc_type.endswith("BreakerOpen")
+
+
+def test_a_full_bulkhead_parks_the_delivery_unrun_and_a_free_slot_runs_it(
+    make_app: MakeApp,
+) -> None:
+    app = make_app(resilience_breakers={"gateway": {"max_concurrent_calls": 1}})
+    calls: list[int] = []
+
+    @resilient(app, breaker="gateway", retry_on=(DependencyDown,))
+    def charge(self: Any, n: int) -> int:
+        calls.append(n)
+        return n
+
+    held = resilience(app).breaker("gateway").acquire()  # a call in flight elsewhere
+
+    result = charge.apply((1,), task_id="turned-away")
+
+    assert calls == []
+    assert result.state == states.IGNORED
+    entry = only_entry(app)
+    assert (entry.reason, entry.task_id, entry.retries) == ("breaker_open", "turned-away", 0)
+    assert entry.exc_type == f"{BulkheadFull.__module__}.BulkheadFull"
+    held.success()
+    assert charge.apply((2,)).get() == 2
+    assert calls == [2]
+    assert resilience(app).breaker("gateway").snapshot()["calls_in_flight"] == 0
+
+
+def test_on_open_retry_into_a_full_bulkhead_ends_in_eager_mode(make_app: MakeApp) -> None:
+    # Eager retries run at once, recursively: with the slot held all along they must still end.
+    app = make_app(resilience_breakers={"gateway": {"max_concurrent_calls": 1}})
+
+    @resilient(app, breaker="gateway", on_open="retry", max_retries=2)
+    def charge(self: Any, n: int) -> int:
+        return n
+
+    resilience(app).breaker("gateway").acquire()
+    result = charge.apply((1,), task_id="bounced")
+
+    assert result.state == states.IGNORED
+    entry = only_entry(app)
+    assert (entry.reason, entry.retries) == ("breaker_open", 2)
 
 
 # -- park_on ------------------------------------------------------------------------------------

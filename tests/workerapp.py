@@ -8,8 +8,10 @@ consumes. The test process builds the same app with :func:`make_app` from the sa
 ``WORKERAPP_LEDGER`` puts the dependency, the ledger and the results on a Redis of their own
 (the fault matrix breaks the resilience Redis and the broker, never the ledger). The "dependency"
 is a few Redis keys under the prefix: ``<P>:dep:up`` ("1" up, anything else
-down), ``<P>:dep:latency`` (seconds each call takes), ``<P>:dep:calls`` (INCR per call) and
-``<P>:dep:log`` (one JSON record per call: task id, retries, Redis ``TIME``, pid).
+down), ``<P>:dep:latency`` (seconds each call takes), ``<P>:dep:calls`` (INCR per call),
+``<P>:dep:inflight`` (calls under way), ``<P>:dep:concurrency`` (per call, the calls in flight
+once it arrived: the dependency's own measure of concurrency) and ``<P>:dep:log`` (one JSON
+record per call: task id, retries, Redis ``TIME``, pid).
 """
 
 from __future__ import annotations
@@ -72,6 +74,9 @@ def settings(env: Mapping[str, str]) -> dict[str, Any]:
         "encryption_key": env.get("WORKERAPP_ENCRYPTION_KEY"),
         # How long a claim of a task id lasts (deduplicate=True, no time limit): seconds.
         "dedup_lease": env.get("WORKERAPP_DEDUP_LEASE"),
+        # The breaker's bulkhead (unset: off), and what a rejected delivery does.
+        "max_concurrent_calls": env.get("WORKERAPP_MAX_CONCURRENT_CALLS"),
+        "on_open": env.get("WORKERAPP_ON_OPEN", "park"),
     }
 
 
@@ -121,6 +126,8 @@ def make_app(env: Mapping[str, str]) -> Celery:
             "dep": {"failure_threshold": s["failure_threshold"], "open_timeout": s["open_timeout"]}
         },
     )
+    if s["max_concurrent_calls"] is not None:
+        app.conf.resilience_breakers["dep"]["max_concurrent_calls"] = int(s["max_concurrent_calls"])
     if s["store_msgpack"]:
         app.conf.accept_content = ["json", "msgpack"]
         app.conf.resilience_serializer = "msgpack"
@@ -156,14 +163,20 @@ def call_dependency(r: redis.Redis, prefix: str, task: Any, order_id: str) -> No
         "time": now,
         "pid": os.getpid(),
     }
+    inflight = f"{prefix}:dep:inflight"
     pipe = r.pipeline()
     pipe.incr(f"{prefix}:dep:calls")
     pipe.rpush(f"{prefix}:dep:log", json.dumps(record))
+    pipe.incr(inflight)
     pipe.get(f"{prefix}:dep:up")
     pipe.get(f"{prefix}:dep:latency")
-    _, _, up, latency = pipe.execute()
-    if latency:
-        time.sleep(float(latency))
+    _, _, concurrency, up, latency = pipe.execute()
+    r.rpush(f"{prefix}:dep:concurrency", concurrency)
+    try:
+        if latency:
+            time.sleep(float(latency))
+    finally:
+        r.decr(inflight)
     if up != b"1":
         raise ConnectionError(f"dependency down (order {order_id})")
 
@@ -200,6 +213,7 @@ def define_tasks(app: Celery, s: Mapping[str, Any]) -> None:
             backoff=Exponential(base=s["backoff_base"], cap=s["backoff_cap"], jitter=s["jitter"]),
             deduplicate=deduplicate,
             call_timeout=10.0,  # the fake dependency's calls end (its latency is the test's)
+            on_open=s["on_open"],
             **resilient,
         )(charge)
 

@@ -21,7 +21,7 @@ from typing import Any, TypeVar, cast
 import redis
 
 from ..config import BreakerConfig
-from ..errors import BreakerOpen
+from ..errors import BreakerOpen, BulkheadFull
 from ..redact import get_logger
 from ..redis_io import unavailable
 from .aio import AsyncPermit
@@ -58,6 +58,8 @@ class Breaker:
         self.config = config
         self.slow = config.slow_call_seconds
         self.limits = Limits.of(config)
+        #: With a bulkhead every call takes and frees a slot in Redis: no call is answered alone.
+        self.bulkhead = config.max_concurrent_calls is not None
         self._store = store
         self._health = health
         self._views = views if views is not None else Views(store)
@@ -114,15 +116,17 @@ class Breaker:
             return Admission(None, None, decision.deliveries, decision.skip, wait=wait)
         if not decision.allowed:
             retry = None if decision.retry_after_us is None else decision.retry_after_us / 1e6
-            rejected = BreakerOpen(self.name, decision.state, retry)
+            error = BulkheadFull if decision.full else BreakerOpen
+            rejected = error(self.name, decision.state, retry)
             return Admission(None, rejected, decision.deliveries)
         claim = delivery.claim if delivery is not None and delivery.claims else ""
         permit = Permit(self, decision.kind, permit_id)
         return Admission(permit, None, decision.deliveries, claim=claim)
 
     def _local_permit(self) -> Permit | None:
-        """A permit granted without a round trip, if the process may grant it alone."""
-        if self._views.admits(self.name) is not None:
+        """A permit granted without a round trip, if the process may grant it alone (never with
+        a bulkhead: its slot is taken in Redis)."""
+        if not self.bulkhead and self._views.admits(self.name) is not None:
             return Permit(self, "normal")
         return None
 
@@ -201,7 +205,9 @@ class Breaker:
 
     def _may_defer(self) -> bool:
         """A success may wait for the next flush only if it ends no streak of failures (known
-        for sure: a closed breaker without one) and no flush is due."""
+        for sure: a closed breaker without one), no flush is due and it frees no bulkhead slot."""
+        if self.bulkhead:
+            return False
         view = self._views.admits(self.name)
         return view is not None and not view.streak and not self._flush_due()
 

@@ -9,7 +9,7 @@ States: ``closed`` -> (``failure_threshold`` consecutive failures, or a failure 
 (``open_timeout``, doubling on each repeated trip up to ``open_timeout_max``) -> ``half_open``,
 which admits ``half_open_max_calls`` probes, each under a lease of ``probe_lease``: all of them
 succeeding closes the breaker, any failing reopens it. ``forced_open`` and ``forced_closed`` hold
-until ``reset``.
+until ``reset``. The bulkhead (``max_concurrent_calls``, leased slots) is in ``bulkhead.py``.
 
 Permits: a call admitted while closed is a ``normal`` permit; in half-open it is a ``probe``
 identified by a permit id. A normal permit recorded after the breaker opened changes no state: it
@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal, TypeVar
 
+from . import bulkhead
 from .types import (
     BUCKETS,
     US,
@@ -113,7 +114,9 @@ def _acquire(
     apply_deferred(s, lim, now, deferred_successes)
     transition: Transition | None = None
     if s.state in ("closed", "forced_closed"):
-        return Decision(True, "normal", s.state, None, None)
+        if bulkhead.take_slot(s, lim, now, permit_id):
+            return Decision(True, "normal", s.state, None, None)
+        return bulkhead.full(s, None)
     if s.state == "forced_open":
         s.totals["rejected_total"] += 1
         return Decision(False, None, s.state, None, None)
@@ -130,6 +133,8 @@ def _acquire(
     for pid in [p for p, expiry in s.probes.items() if expiry <= now]:
         del s.probes[pid]
     if len(s.probes) < lim.half_open_max_calls:
+        if not bulkhead.take_slot(s, lim, now, permit_id):
+            return bulkhead.full(s, transition)
         s.probes[permit_id] = now + lim.probe_lease_us
         return Decision(True, "probe", s.state, None, transition)
     s.totals["rejected_total"] += 1
@@ -160,6 +165,7 @@ def _record(
 ) -> Change:
     apply_deferred(s, lim, now, deferred_successes)
     _count(s, 1, 0 if success else 1)
+    bulkhead.free_slot(s, permit_id)
     if kind == "probe":
         if s.state != "half_open" or permit_id not in s.probes:
             return Change(s.state, None)
@@ -187,14 +193,10 @@ def _record(
 
 
 def _release(
-    s: BreakerState,
-    lim: Limits,
-    now: int,
-    kind: Kind,
-    permit_id: str,
-    deferred_successes: int = 0,
+    s: BreakerState, lim: Limits, now: int, kind: Kind, permit_id: str, deferred: int = 0
 ) -> Change:
-    apply_deferred(s, lim, now, deferred_successes)
+    apply_deferred(s, lim, now, deferred)
+    bulkhead.free_slot(s, permit_id)
     if kind == "probe" and s.state == "half_open":
         s.probes.pop(permit_id, None)
     return Change(s.state, None)
@@ -292,5 +294,6 @@ def snapshot(s: BreakerState, lim: Limits, now: int) -> dict[str, object]:
         "trips": s.trips,
         "half_open_successes": s.half_open_successes,
         "probes_in_flight": live if s.state == "half_open" else 0,
+        "calls_in_flight": bulkhead.in_flight(s, now),
         **s.totals,
     }

@@ -23,6 +23,7 @@ class Recorder(Protocol):
     name: str
     config: BreakerConfig
     slow: float | None
+    bulkhead: bool
 
     def _record(self, permit: Permit, outcome: Outcome) -> None: ...
 
@@ -60,8 +61,8 @@ class Permit:
 
     def release(self) -> None:
         """The call ended without judging the dependency (the caller's own error): nothing is
-        counted, and a probe's half-open slot is freed at once for the next call."""
-        if self._finish() and self.kind == "probe":
+        counted, and a probe's half-open slot (and a bulkhead slot) is freed at once."""
+        if self._finish() and (self.kind == "probe" or self.breaker.bulkhead):
             self.breaker._record(self, "release")
 
     def _finish(self) -> bool:

@@ -7,6 +7,7 @@ key                                            type  holds
 =============================================  ====  =========================================
 ``{<prefix>:breaker:<name>}:state``            hash  state, counters, window buckets, totals
 ``{<prefix>:breaker:<name>}:probes``           zset  half-open probe permit id -> lease end
+``{<prefix>:breaker:<name>}:calls``            zset  bulkhead slot: permit id -> lease end
 ``<prefix>:breakers``                          set   names of breakers ever used (listings)
 ``{<tag>}:delivery:<id>:<retries>:<replays>``  str   redeliveries of one message (only then)
 ``{<tag>}:done:<task id>``                     str   ``1``: the task id succeeded; or a claim,
@@ -64,7 +65,7 @@ class RedisBreakerStore:
         keys = self._keys.get(name)
         if keys is None:
             tag = self._tag(name)
-            keys = self._keys[name] = [f"{tag}:state", f"{tag}:probes"]
+            keys = self._keys[name] = [f"{tag}:state", f"{tag}:probes", f"{tag}:calls"]
         return list(keys)
 
     def _delivery_keys(self, scope: str | None, delivery: Delivery) -> tuple[str, str]:
@@ -104,7 +105,7 @@ class RedisBreakerStore:
         claim = ""
         if delivery is not None:
             counter, marker = self._delivery_keys(name, delivery)
-            # KEYS[3] must be there for KEYS[4]; a TTL of 0 says it is not to be counted.
+            # KEYS[4] must be there for KEYS[5]; a TTL of 0 says it is not to be counted.
             keys += [counter, marker] if delivery.check_done else [counter] * delivery.count
             ttl = delivery.ttl if delivery.count else 0
             max_deliveries = delivery.max_deliveries
@@ -113,9 +114,10 @@ class RedisBreakerStore:
         reply = self._acquire(keys, [*argv, max_deliveries, claim, lease_us])
         allowed, kind, state, retry_after, transition, deliveries, skip, version, streak = reply[:9]
         claimed = skip == b"claimed"  # then retry_after is the claim's, not the breaker's
+        full = kind == b"full"  # a rejection by the bulkhead, not by the breaker's state
         return Decision(
             allowed=bool(allowed),
-            kind=cast(Kind, kind.decode()) if kind else None,
+            kind=cast(Kind, kind.decode()) if kind and not full else None,
             state=cast(State, state.decode()),
             retry_after_us=None if retry_after < 0 or claimed else int(retry_after),
             transition=_transition(transition),
@@ -125,6 +127,7 @@ class RedisBreakerStore:
             version=int(version),
             streak=bool(streak),
             epoch=_text(reply[9]),
+            full=full,
         )
 
     def deliver(self, scope: str | None, delivery: Delivery) -> tuple[int, Skip, int]:

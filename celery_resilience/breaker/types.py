@@ -35,6 +35,7 @@ TOTALS = (
     "failures_total",
     "successes_total",
     "rejected_total",
+    "bulkhead_rejected_total",
 )
 
 
@@ -50,6 +51,8 @@ class Limits:
     open_timeout_max_us: int
     half_open_max_calls: int
     probe_lease_us: int
+    max_concurrent_calls: int = 0  # the bulkhead; 0 = off
+    call_lease_us: int = 60 * US
 
     @property
     def bucket_us(self) -> int:
@@ -66,6 +69,8 @@ class Limits:
             open_timeout_max_us=round(cfg.max_open_timeout * US),
             half_open_max_calls=cfg.half_open_max_calls,
             probe_lease_us=round(cfg.probe_lease * US),
+            max_concurrent_calls=cfg.max_concurrent_calls or 0,
+            call_lease_us=round(cfg.call_lease * US),
         )
 
     def argv(self) -> tuple[int | float, ...]:
@@ -79,12 +84,15 @@ class Limits:
             self.open_timeout_max_us,
             self.half_open_max_calls,
             self.probe_lease_us,
+            self.max_concurrent_calls,
+            self.call_lease_us,
         )
 
 
 @dataclass
 class BreakerState:
-    """Everything stored for one breaker (one Redis hash plus a sorted set of probe leases)."""
+    """Everything stored for one breaker (one Redis hash, and sorted sets of probe leases and
+    of the bulkhead's call leases)."""
 
     state: State = "closed"
     consecutive_failures: int = 0
@@ -93,6 +101,9 @@ class BreakerState:
     trips: int = 0
     half_open_successes: int = 0
     probes: dict[str, int] = field(default_factory=dict)  # permit id -> lease expiry
+    #: The bulkhead's slots: permit id -> lease expiry. Calls in flight stay in flight whatever
+    #: the state does, so no transition clears them: only an outcome, a release or the lease.
+    calls: dict[str, int] = field(default_factory=dict)
     bucket_epoch: list[int] = field(default_factory=lambda: [-1] * BUCKETS)
     bucket_calls: list[int] = field(default_factory=lambda: [0] * BUCKETS)
     bucket_failures: list[int] = field(default_factory=lambda: [0] * BUCKETS)
@@ -118,6 +129,8 @@ class Decision:
     skip: Skip = ""
     #: With skip ``claimed``: microseconds until the claim's lease ends.
     claim_wait_us: int = 0
+    #: Not admitted because ``max_concurrent_calls`` calls are in flight (the bulkhead is full).
+    full: bool = False
     # The view after the call (see :func:`view`): what it means for caching, not the decision.
     version: int = field(default=0, compare=False)
     streak: bool = field(default=False, compare=False)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 import click
 from celery.bin.base import CeleryCommand
@@ -42,7 +43,9 @@ def _status(ctx: click.Context, as_json: bool) -> None:
     names = sorted(set(res.breaker_names()) | (store.breakers() - {NO_BREAKER}))
     rows = []
     for name in names:
-        snap = res.breaker(name).snapshot()
+        breaker = res.breaker(name)
+        snap = breaker.snapshot()
+        snap["max_concurrent_calls"] = breaker.config.max_concurrent_calls
         snap["parked"] = store.count(Filter(name, "parked"))
         snap["dead"] = store.count(Filter(name, "dead"))
         rows.append((name, snap))
@@ -55,7 +58,17 @@ def _status(ctx: click.Context, as_json: bool) -> None:
 
     def human() -> str:
         text = table(
-            ("breaker", "state", "consecutive", "window", "opened", "open until", "parked", "dead"),
+            (
+                "breaker",
+                "state",
+                "consecutive",
+                "window",
+                "opened",
+                "open until",
+                "bulkhead",
+                "parked",
+                "dead",
+            ),
             [
                 (
                     name,
@@ -64,6 +77,7 @@ def _status(ctx: click.Context, as_json: bool) -> None:
                     f"{s['window_failures']}/{s['window_calls']} failed",
                     s["opened_total"],
                     when(s["open_until"]) if s["state"] in ("open", "half_open") else "-",
+                    in_flight(s),
                     s["parked"],
                     s["dead"],
                 )
@@ -88,6 +102,12 @@ def _untrusted(stats: dict[str, float]) -> dict[str, int]:
         if kind == "dead_reason" and code in UNTRUSTED:
             found[code] = found.get(code, 0) + int(value)
     return found
+
+
+def in_flight(snap: dict[str, Any]) -> str:
+    """Calls in flight out of the bulkhead's limit (``2/4``), or ``-`` without a bulkhead."""
+    limit = snap["max_concurrent_calls"]
+    return "-" if limit is None else f"{snap['calls_in_flight']}/{limit}"
 
 
 @resilience.command(cls=CeleryCommand)

@@ -24,6 +24,8 @@ class BreakerConfig:
     open_timeout_max: float | None = None
     half_open_max_calls: int = 1
     probe_lease: float = 60.0
+    max_concurrent_calls: int | None = None
+    call_lease: float = 60.0
     ignore: tuple[type[BaseException], ...] = ()
 
     @property
@@ -61,6 +63,10 @@ def _breaker_config(setting: str, options: Any, base: BreakerConfig) -> BreakerC
         open_timeout_max=_optional(_positive, at("open_timeout_max"), values["open_timeout_max"]),
         half_open_max_calls=_integer(at("half_open_max_calls"), values["half_open_max_calls"]),
         probe_lease=_positive(at("probe_lease"), values["probe_lease"]),
+        max_concurrent_calls=_optional(
+            _integer, at("max_concurrent_calls"), values["max_concurrent_calls"]
+        ),
+        call_lease=_positive(at("call_lease"), values["call_lease"]),
         ignore=exception_types(setting, "ignore", values["ignore"]),
     )
     if cfg.open_timeout_max is not None and cfg.open_timeout_max < cfg.open_timeout:

@@ -1,17 +1,19 @@
 -- Shared prelude of every breaker script (prepended when the script is loaded).
 -- It mirrors celery_resilience/breaker/model.py, the specification (its data types are in
--- types.py: Limits.argv() gives ARGV[2..9], BreakerState the hash); keep them in step.
+-- types.py: Limits.argv() gives ARGV[2..11], BreakerState the hash); keep them in step.
 --
 -- KEYS[1]  {prefix:breaker:NAME}:state   hash: state, consec, opened_at, open_until, trips,
 --                                         ho_succ, ver, *_total counters, be/bc/bf<slot> buckets
 -- KEYS[2]  {prefix:breaker:NAME}:probes  zset: probe permit id -> lease expiry (microseconds)
+-- KEYS[3]  {prefix:breaker:NAME}:calls   zset: bulkhead slots, permit id -> lease expiry
 -- ARGV[1]  now in microseconds, or "" to read Redis TIME (a pinned time is for tests only)
--- ARGV[2..9] limits: failure_threshold, failure_rate_threshold (0 = off), minimum_calls,
---          window_us, open_timeout_us, open_timeout_max_us, half_open_max_calls, probe_lease_us
--- ARGV[10] the breaker's name;  ARGV[11] the channel its changes are published on
+-- ARGV[2..11] limits: failure_threshold, failure_rate_threshold (0 = off), minimum_calls,
+--          window_us, open_timeout_us, open_timeout_max_us, half_open_max_calls, probe_lease_us,
+--          max_concurrent_calls (0 = no bulkhead), call_lease_us
+-- ARGV[12] the breaker's name;  ARGV[13] the channel its changes are published on
 -- The view (types.view: the state, and whether a streak of failures runs) is what processes
 -- cache between round trips: a script that changes it bumps ``ver`` and publishes
--- "<ver>|<state>|<streak 0|1>|<epoch>|<name>" on ARGV[11], so every process learns of it at
+-- "<ver>|<state>|<streak 0|1>|<epoch>|<name>" on ARGV[13], so every process learns of it at
 -- once.
 -- ``epoch`` names this incarnation of the hash: set (from TIME) by the first script that writes
 -- a hash without one, so a hash recreated after DEL / FLUSHDB / eviction / a restore, whose
@@ -20,10 +22,10 @@
 -- Times are integer microseconds: Lua numbers are doubles, exact below 2^53. Numbers are passed
 -- to redis.call as numbers, never concatenated (tostring keeps only 14 digits).
 
-local STATE_KEY, PROBES_KEY = KEYS[1], KEYS[2]
+local STATE_KEY, PROBES_KEY, CALLS_KEY = KEYS[1], KEYS[2], KEYS[3]
 local BUCKETS, MAX_GROWTH = 10, 40
 local TOTALS = {'opened_total', 'half_opened_total', 'closed_total', 'calls_total',
-                'failures_total', 'successes_total', 'rejected_total'}
+                'failures_total', 'successes_total', 'rejected_total', 'bulkhead_rejected_total'}
 
 local function read_now()
   if ARGV[1] ~= '' then return tonumber(ARGV[1]) end
@@ -37,6 +39,7 @@ local lim = {
   minimum_calls = tonumber(ARGV[4]), window_us = tonumber(ARGV[5]),
   open_timeout_us = tonumber(ARGV[6]), open_timeout_max_us = tonumber(ARGV[7]),
   half_open_max_calls = tonumber(ARGV[8]), probe_lease_us = tonumber(ARGV[9]),
+  max_concurrent_calls = tonumber(ARGV[10]), call_lease_us = tonumber(ARGV[11]),
 }
 lim.bucket_us = math.max(1, math.floor(lim.window_us / BUCKETS))
 
@@ -83,8 +86,8 @@ local function save()
   for field in pairs(dirty) do args[#args + 1] = field; args[#args + 1] = h[field] end
   if #args > 0 then redis.call('HSET', STATE_KEY, unpack(args)) end
   if changed then
-    local change = num('ver') .. '|' .. view() .. '|' .. epoch() .. '|' .. ARGV[10]
-    redis.call('PUBLISH', ARGV[11], change)
+    local change = num('ver') .. '|' .. view() .. '|' .. epoch() .. '|' .. ARGV[12]
+    redis.call('PUBLISH', ARGV[13], change)
   end
 end
 
@@ -159,4 +162,10 @@ local function apply_deferred(successes)
       add_to_window(successes, 0)
     end
   end
+end
+
+-- The bulkhead (breaker/bulkhead.py): a call ended, judged or not, so its slot (if any) is free.
+-- Calls in flight stay in flight whatever the state does: no transition clears CALLS_KEY.
+local function free_slot(permit_id)
+  redis.call('ZREM', CALLS_KEY, permit_id)
 end

@@ -1,32 +1,33 @@
 -- acquire: ask for a permit (model.acquire). One call per task delivery.
--- KEYS[1], KEYS[2], ARGV[1..11]: see _common.lua
--- ARGV[12] permit id (used when a half-open probe is granted)
--- ARGV[13] deferred successes: normal successes of this process, recorded before deciding
--- ARGV[14] TTL (seconds) of the redelivery counter; 0: KEYS[3] is there only for KEYS[4]
+-- KEYS[1..3], ARGV[1..13]: see _common.lua
+-- ARGV[14] permit id (a half-open probe's lease, a bulkhead slot's)
+-- ARGV[15] deferred successes: normal successes of this process, recorded before deciding
+-- ARGV[16] TTL (seconds) of the redelivery counter; 0: KEYS[4] is there only for KEYS[5]
 --          (a first delivery, or a task without acks_late): nothing is counted
--- ARGV[15] deliveries allowed per message (0 = no limit): past it, no permit is taken
--- KEYS[3] optional: redelivery counter of this message, {..}:delivery:<task id>:<retries>:<replays>
+-- ARGV[17] deliveries allowed per message (0 = no limit): past it, no permit is taken
+-- KEYS[4] optional: redelivery counter of this message, {..}:delivery:<task id>:<retries>:<replays>
 --         (given only for a redelivery: deliveries = its count + 1, the first never counted)
--- KEYS[4] optional: dedup marker of this task id, {..}:done:<task id> (deduplicate=True):
+-- KEYS[5] optional: dedup marker of this task id, {..}:done:<task id> (deduplicate=True):
 --         "1" the task id succeeded, or "<token>|<lease end, µs>" a delivery runs it now
--- ARGV[16] claim token: with KEYS[4], a permitted delivery claims the task id under it ("" none)
--- ARGV[17] claim lease (µs): the marker names its end; the key expires then too (real time)
--- Returns {allowed 0|1, kind "normal"|"probe"|"", state, retry_after_us (-1 = unknown; with
---          skip "claimed": until the claim's lease ends), transition this call made or "",
---          deliveries of this message (0 = not counted), skip: "" | "done" (the task id
---          already succeeded) | "claimed" (another delivery holds its claim) | "redelivered"
---          (past ARGV[15]); when skip is set no permit was taken, version of the view, streak 0|1,
+-- ARGV[18] claim token: with KEYS[5], a permitted delivery claims the task id under it ("" none)
+-- ARGV[19] claim lease (µs): the marker names its end; the key expires then too (real time)
+-- Returns {allowed 0|1, kind "normal"|"probe"|"" (or "full": turned away because the bulkhead's
+--          slots are all taken), state, retry_after_us (-1 = unknown; with skip "claimed":
+--          until the claim's lease ends), transition this call made or "", deliveries of this
+--          message (0 = not counted), skip: "" | "done" (the task id already succeeded) |
+--          "claimed" (another delivery holds its claim) | "redelivered" (past ARGV[17]); when
+--          skip is set no permit was taken, version of the view, streak 0|1,
 --          epoch of the hash ("" while it does not exist)}
 
-local permit_id = ARGV[12]
-apply_deferred(tonumber(ARGV[13]))
+local permit_id = ARGV[14]
+apply_deferred(tonumber(ARGV[15]))
 
-local deliveries, max_deliveries = 0, tonumber(ARGV[15])
-if KEYS[3] and ARGV[14] ~= '0' then
-  deliveries = redis.call('INCR', KEYS[3]) + 1
-  redis.call('EXPIRE', KEYS[3], ARGV[14])
+local deliveries, max_deliveries = 0, tonumber(ARGV[17])
+if KEYS[4] and ARGV[16] ~= '0' then
+  deliveries = redis.call('INCR', KEYS[4]) + 1
+  redis.call('EXPIRE', KEYS[4], ARGV[16])
 end
-local marker = KEYS[4] and redis.call('GET', KEYS[4])
+local marker = KEYS[5] and redis.call('GET', KEYS[5])
 if marker == '1' then
   save()
   return {0, '', state(), -1, '', deliveries, 'done', num('ver'), streak(), epoch()}
@@ -46,16 +47,30 @@ end
 
 -- A permitted delivery of a task with deduplicate=True claims its task id before its body runs.
 local function claim()
-  if KEYS[4] and ARGV[16] ~= '' then
-    local lease = tonumber(ARGV[17])
-    local value = ARGV[16] .. '|' .. string.format('%d', now + lease)
-    redis.call('SET', KEYS[4], value, 'PX', math.max(1, math.ceil(lease / 1000)))
+  if KEYS[5] and ARGV[18] ~= '' then
+    local lease = tonumber(ARGV[19])
+    local value = ARGV[18] .. '|' .. string.format('%d', now + lease)
+    redis.call('SET', KEYS[5], value, 'PX', math.max(1, math.ceil(lease / 1000)))
   end
+end
+
+-- The bulkhead (breaker/bulkhead.py): a slot for this permit, or a rejection of its own.
+local function take_slot()
+  if lim.max_concurrent_calls <= 0 then return true end
+  redis.call('ZREMRANGEBYSCORE', CALLS_KEY, '-inf', now)  -- holders that died or hang
+  if redis.call('ZCARD', CALLS_KEY) >= lim.max_concurrent_calls then return false end
+  redis.call('ZADD', CALLS_KEY, now + lim.call_lease_us, permit_id)
+  return true
+end
+local function full(transition)
+  incr('rejected_total', 1); incr('bulkhead_rejected_total', 1); save()
+  return {0, 'full', state(), -1, transition, deliveries, '', num('ver'), streak(), epoch()}
 end
 
 local transition = ''
 local s = state()
 if s == 'closed' or s == 'forced_closed' then
+  if not take_slot() then return full('') end
   claim(); save()
   return {1, 'normal', s, -1, '', deliveries, '', num('ver'), streak(), epoch()}
 end
@@ -77,6 +92,7 @@ end
 -- half-open: a probe whose lease ran out belongs to a process that died or hangs.
 redis.call('ZREMRANGEBYSCORE', PROBES_KEY, '-inf', now)
 if redis.call('ZCARD', PROBES_KEY) < lim.half_open_max_calls then
+  if not take_slot() then return full(transition) end
   redis.call('ZADD', PROBES_KEY, now + lim.probe_lease_us, permit_id)
   claim(); save()
   return {1, 'probe', 'half_open', -1, transition, deliveries, '', num('ver'), streak(), epoch()}

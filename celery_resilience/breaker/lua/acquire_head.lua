@@ -1,7 +1,8 @@
--- acquire, fast path (runs before the shared prelude): a closed breaker, nothing deferred to
--- record and no delivery questions changes nothing, so one HMGET answers it. Same answer as
--- the full path below (model.acquire); it only skips reading the clock and the other fields.
-if ARGV[13] == '0' and KEYS[3] == nil then
+-- acquire, fast path (runs before the shared prelude): a closed breaker without a bulkhead,
+-- nothing deferred to record and no delivery questions changes nothing, so one HMGET answers
+-- it. Same answer as the full path below (model.acquire); it only skips reading the clock and
+-- the other fields.
+if ARGV[15] == '0' and KEYS[4] == nil and ARGV[10] == '0' then
   local fast = redis.call('HMGET', KEYS[1], 'state', 'ver', 'consec', 'epoch')
   if not fast[1] or fast[1] == 'closed' or fast[1] == 'forced_closed' then
     local streak = (tonumber(fast[3]) or 0) > 0 and 1 or 0

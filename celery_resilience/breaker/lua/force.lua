@@ -1,11 +1,12 @@
 -- force: an operator's order (model.force): hold open, hold closed, or reset.
--- KEYS[1], KEYS[2], ARGV[1..11]: see _common.lua
--- ARGV[12] action "open" | "closed" | "reset"
+-- KEYS[1..3], ARGV[1..13]: see _common.lua
+-- ARGV[14] action "open" | "closed" | "reset"
+-- The bulkhead's slots are left alone: their calls are still in flight.
 -- Returns {state, transition this call made or "", version of the view, streak 0|1,
 --          epoch of the hash ("" while it does not exist)}.
 -- Counters (*_total) survive a reset.
 
-local action = ARGV[12]
+local action = ARGV[14]
 if action == 'reset' then
   clear_counts()
   put('state', 'closed'); put('trips', 0); put('opened_at', 0); put('open_until', 0)

@@ -1,15 +1,17 @@
 -- record: the outcome of a permitted call (model.record).
--- KEYS[1], KEYS[2], ARGV[1..11]: see _common.lua
--- ARGV[12] kind "normal" | "probe";  ARGV[13] permit id;  ARGV[14] "1" success | "0" failure
--- ARGV[15] deferred successes of this process, recorded first
+-- KEYS[1..3], ARGV[1..13]: see _common.lua
+-- ARGV[14] kind "normal" | "probe";  ARGV[15] permit id;  ARGV[16] "1" success | "0" failure
+-- ARGV[17] deferred successes of this process, recorded first
+-- The permit's bulkhead slot, if it held one, is freed whatever the state.
 -- Returns {state, transition this call made or "", version of the view, streak 0|1,
 --          epoch of the hash ("" while it does not exist)}: exactly
 -- one caller sees each "opened".
 
-local kind, permit_id, success = ARGV[12], ARGV[13], ARGV[14] == '1'
+local kind, permit_id, success = ARGV[14], ARGV[15], ARGV[16] == '1'
 local failures = success and 0 or 1
-apply_deferred(tonumber(ARGV[15]))
+apply_deferred(tonumber(ARGV[17]))
 count(1, failures)
+free_slot(permit_id)
 
 local transition = ''
 local s = state()

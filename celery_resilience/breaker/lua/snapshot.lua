@@ -1,5 +1,5 @@
 -- snapshot: a read-only view (model.snapshot); writes nothing.
--- KEYS[1], KEYS[2], ARGV[1..11]: see _common.lua
+-- KEYS[1..3], ARGV[1..13]: see _common.lua
 -- Returns a flat list {field, value, ...}; times in microseconds (0 = never), an open breaker
 -- whose timeout has passed reads as half_open.
 
@@ -13,7 +13,9 @@ end
 local out = {'state', s, 'consecutive_failures', num('consec'), 'window_calls', calls,
              'window_failures', failures, 'opened_at', num('opened_at'),
              'open_until', num('open_until'), 'trips', num('trips'),
-             'half_open_successes', num('ho_succ'), 'probes_in_flight', live}
+             'half_open_successes', num('ho_succ'), 'probes_in_flight', live,
+             'calls_in_flight',
+             redis.call('ZCOUNT', CALLS_KEY, string.format('(%d', now), '+inf')}
 for _, field in ipairs(TOTALS) do
   out[#out + 1] = field; out[#out + 1] = num(field)
 end

@@ -79,8 +79,9 @@ def steer(res: Resilience, name: str, action: str) -> str:
     return str(breaker.snapshot()["state"])
 
 
-def row(name: str, snap: dict[str, Any], now: float) -> dict[str, Any]:
-    """One line of the page, times relative to ``now`` (Redis time) with the exact one."""
+def row(name: str, snap: dict[str, Any], now: float, limit: int | None = None) -> dict[str, Any]:
+    """One line of the page, times relative to ``now`` (Redis time) with the exact one;
+    ``limit`` is the breaker's ``max_concurrent_calls`` (``None``: no bulkhead)."""
     timed = snap["state"] in TIMED
     return {
         "name": name,
@@ -89,6 +90,7 @@ def row(name: str, snap: dict[str, Any], now: float) -> dict[str, Any]:
         "window_calls": snap["window_calls"],
         "window_failures": snap["window_failures"],
         "opened_total": snap["opened_total"],
+        "in_flight": "—" if limit is None else f"{snap['calls_in_flight']}/{limit}",
         "open_until": relative(snap["open_until"], now) if timed else "—",
         "open_until_exact": when(snap["open_until"]) if timed else "",
         "open_until_iso": iso(snap["open_until"]) if timed else "",
@@ -146,7 +148,8 @@ class BreakerAdmin(RedactedMessages, admin.ModelAdmin):  # type: ignore[misc]  #
             res = resilience()
             now, in_database = res.now(), database_store_in_use()
             for name in breaker_names(res):
-                line = row(name, res.breaker(name).snapshot(), now)
+                breaker = res.breaker(name)
+                line = row(name, breaker.snapshot(), now, breaker.config.max_concurrent_calls)
                 line["parked_url"] = self._parked_url(name, in_database)
                 if can_steer:
                     line["levers"] = [

@@ -1,0 +1,85 @@
+"""The bulkhead in a real prefork ``celery worker``: a hanging dependency holds at most N pool
+slots, and every other delivery is parked (or retried) at once, with no attempt spent.
+
+The worlds are those of ``tests/test_task_worker.py`` (``tests/workerapp.py``); the dependency
+counts the calls in flight itself (``<P>:dep:concurrency``: per call, the calls under way when it
+arrived).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from .test_task_worker import World, make_world, wait_for  # noqa: F401 - the fixture
+
+pytestmark = pytest.mark.slow
+
+LIMIT = 2
+HANG = 5.0  # seconds each call to the hanging dependency takes
+
+
+def peak_in_flight(world: World) -> int:
+    seen = world.redis.lrange(f"{world.prefix}:dep:concurrency", 0, -1)
+    return max((int(v) for v in seen), default=0)
+
+
+def test_a_hanging_dependency_holds_at_most_n_pool_slots_and_the_rest_park_at_once(
+    make_world: Callable[..., World],  # noqa: F811
+) -> None:
+    # given: a dependency that answers only after HANG seconds, a pool of 4, a bulkhead of 2
+    world = make_world(max_concurrent_calls=LIMIT, failure_threshold=100)
+    world.dependency(up=True, latency=HANG)
+    world.start_worker(pool="prefork", concurrency=4)
+
+    # when: 8 deliveries arrive together
+    ids = [world.publish("charge", f"order-{n}") for n in range(8)]
+
+    # then: 6 are parked while the first 2 calls still hang, none of them having called it
+    wait_for(lambda: len(world.parked()) == 6, "6 deliveries parked", timeout=30.0)
+    entries = world.parked()
+    first_call = min(record["time"] for record in world.dep_log())
+    assert max(e.parked_at for e in entries.values()) < first_call + HANG, "parked only later"
+    assert world.dep_calls() == LIMIT
+    for entry in entries.values():
+        assert (entry.reason, entry.retries, entry.breaker) == ("breaker_open", 0, "dep")
+        assert entry.exc_type is not None
+        assert "BulkheadFull" in entry.exc_type
+    wait_for(lambda: len(world.succeeded()) == LIMIT, "the 2 hanging calls to end", HANG * 4)
+    assert peak_in_flight(world) == LIMIT
+    assert set(world.succeeded()) | set(entries) == set(ids)
+    snap = world.resilience.breaker("dep").snapshot()
+    assert (snap["state"], snap["calls_in_flight"], snap["bulkhead_rejected_total"]) == (
+        "closed",
+        0,
+        6,
+    )
+    world.assert_ledger()
+
+
+def test_with_on_open_retry_a_full_bulkhead_spends_no_retry(
+    make_world: Callable[..., World],  # noqa: F811
+) -> None:
+    # given: on_open="retry", a slow dependency, 4 pool processes sharing a bulkhead of 2
+    world = make_world(
+        max_concurrent_calls=LIMIT, on_open="retry", max_retries=1, failure_threshold=100
+    )
+    world.dependency(up=True, latency=1.0)
+    world.start_worker(pool="prefork", concurrency=4)
+
+    # when: 6 deliveries arrive together
+    ids = [world.publish("charge", f"order-{n}") for n in range(6)]
+
+    # then: every one succeeds in the end, never more than 2 at a time, and each called the
+    # dependency exactly once, on its first attempt: turned-away deliveries were sent again
+    # with their retries unchanged (with max_retries=1, spending them would have parked some)
+    wait_for(lambda: world.succeeded() == set(ids), "all 6 to succeed", timeout=60.0)
+    assert peak_in_flight(world) == LIMIT
+    log = world.dep_log()
+    assert sorted(r["task_id"] for r in log) == sorted(ids)
+    assert {r["retries"] for r in log} == {0}
+    assert world.parked() == {}
+    snap = world.resilience.breaker("dep").snapshot()
+    assert snap["bulkhead_rejected_total"] >= 4
+    world.assert_ledger()
