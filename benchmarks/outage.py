@@ -3,7 +3,8 @@
     python benchmarks/outage.py [--seconds 90] [--outage 20:50] [--rate 20]
                                 [--modes hang,refuse,503] [--variants plain,pybreaker,resilient]
                                 [--settle 60] [--drain-every 5] [--drain-rate R]
-                                [--drain-batch N] [--latency 0.02] [--broker-url URL]
+                                [--drain-batch N] [--bulkhead 1] [--soft-time-limit 3]
+                                [--latency 0.02] [--broker-url URL]
                                 [--plot docs/_static/outage.png] [--json FILE] [--from-json FILE]
                                 [--logs DIR] [--loglevel warning]
 
@@ -19,7 +20,11 @@ Variants (``outageapp`` has the tasks), each run alone, one after the other, on 
 ``task_reject_on_worker_lost``: (1) plain Celery, ``autoretry_for=(RequestException,)``,
 ``retry_backoff``, ``retry_jitter``, ``max_retries=5``; (2) the same through pybreaker with
 ``CircuitRedisStorage``; (3) ``ResilientTask`` on a shared breaker, the drain run by a real
-``celery beat`` (``Resilience.for_app(app).beat_schedule(every=--drain-every)``).
+``celery beat`` (``Resilience.for_app(app).beat_schedule(every=--drain-every)``), with the
+package's defaults plus the options the README recommends: a bulkhead (``--bulkhead``:
+``max_concurrent_calls`` below the pool's size, so a hung gateway never holds every slot), the
+client's timeout declared (``call_timeout``) and a ``soft_time_limit`` behind it
+(``--soft-time-limit``).
 
 After the producer stops, the run waits (at most ``--settle`` seconds) until every report ran
 and every charge was charged or failed for good, then reads what the gateway received and what
@@ -144,6 +149,8 @@ class Bench:
             "OUTAGE_DRAIN_EVERY": str(args.drain_every),
             "OUTAGE_DRAIN_RATE": str(args.drain_rate or ""),
             "OUTAGE_DRAIN_BATCH": str(args.drain_batch or ""),
+            "OUTAGE_BULKHEAD": str(args.bulkhead or ""),
+            "OUTAGE_SOFT_LIMIT": str(args.soft_time_limit or ""),
             "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
         }
         app = Celery("outage-publisher", set_as_current=False)
@@ -326,6 +333,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--drain-every", type=float, default=5.0, help="beat's drain period")
     parser.add_argument("--drain-rate", type=float, help="resilience_drain_rate (default: its)")
     parser.add_argument("--drain-batch", type=int, help="resilience_drain_batch (default: its)")
+    parser.add_argument(
+        "--bulkhead",
+        type=int,
+        default=1,
+        help="ResilientTask's max_concurrent_calls (recommended: below the pool; 0: off)",
+    )
+    parser.add_argument(
+        "--soft-time-limit",
+        type=float,
+        default=3.0,
+        help="ResilientTask's soft_time_limit, a backstop behind the client's 2 s (0: none)",
+    )
     parser.add_argument("--latency", type=float, default=0.02, help="the gateway's, per charge")
     parser.add_argument("--broker-url", default="redis://127.0.0.1:6379/12")
     parser.add_argument("--plot", type=Path, default=ROOT / "docs" / "_static" / "outage.png")

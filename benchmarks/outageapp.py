@@ -13,6 +13,7 @@ OUTAGE_DRAIN_EVERY    seconds between beat's drains (``Resilience.beat_schedule(
 OUTAGE_DRAIN_RATE     ``resilience_drain_rate`` (unset: the package's default)
 OUTAGE_DRAIN_BATCH    ``resilience_drain_batch`` (unset: the package's default)
 OUTAGE_BULKHEAD       the ``gateway`` breaker's ``max_concurrent_calls`` (unset: no bulkhead)
+OUTAGE_SOFT_LIMIT     the resilient charge's ``soft_time_limit`` in seconds (unset: none)
 ====================  ======================================================================
 
 Two task types share the queue. ``outage.report(n)`` does ~5 ms of local work and calls
@@ -57,6 +58,7 @@ DRAIN_EVERY = float(os.environ.get("OUTAGE_DRAIN_EVERY", "5"))
 DRAIN_RATE = float(os.environ.get("OUTAGE_DRAIN_RATE") or 0) or None
 DRAIN_BATCH = int(os.environ.get("OUTAGE_DRAIN_BATCH") or 0) or None
 BULKHEAD = int(os.environ.get("OUTAGE_BULKHEAD") or 0) or None
+SOFT_LIMIT = float(os.environ.get("OUTAGE_SOFT_LIMIT") or 0) or None
 
 #: The client's timeout (connect, and read): what a hung gateway costs a worker per call.
 TIMEOUT = 2.0
@@ -208,6 +210,8 @@ def charge_pybreaker(order_id: int) -> None:
     retry_on=(requests.RequestException,),
     max_retries=MAX_RETRIES,
     backoff=backoff.Exponential(base=1.0, cap=300.0, jitter="full"),
+    call_timeout=TIMEOUT,  # the client's own timeout, declared (what `check` asks for)
+    soft_time_limit=SOFT_LIMIT,
 )
 def charge_resilient(order_id: int) -> None:
     call_gateway(order_id)

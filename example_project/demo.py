@@ -188,6 +188,11 @@ class GatewayProcess:
         charges: dict[str, int] = self._call("GET", "/ledger")["charges"]
         return charges
 
+    def counts(self) -> dict[str, int]:
+        """Totals: ``charges``, ``unavailable`` (503s), ``hung`` (requests never answered)."""
+        counts: dict[str, int] = self._call("GET", "/ledger")["counts"]
+        return counts
+
 
 @contextmanager
 def terminate_as_interrupt() -> Iterator[None]:
@@ -262,6 +267,7 @@ class Watch:
             "parked": self.resilience.backout.count(BREAKER, "parked"),
             "state": snap["state"],
             "opened": int(snap["opened_total"]),
+            "in_flight": int(snap.get("calls_in_flight", 0)),
         }
 
 
@@ -295,6 +301,11 @@ def run(args: argparse.Namespace, procs: Processes, workdir: Path) -> int:
         "SHOP_KEY_PREFIX": args.prefix,
         "SHOP_DEBUG": "0",
     }
+    if args.outage == "hang":
+        # A client with no useful timeout: the task's soft time limit ends each hung call. And a
+        # bulkhead of one call in flight: a hung gateway holds one of the two pool slots.
+        env["SHOP_PAYMENTS_TIMEOUT"] = "30"
+        env["SHOP_BULKHEAD"] = "1"
     gateway = GatewayProcess(procs, env, args.latency)
     env["SHOP_GATEWAY_URL"] = gateway.api_url
     say(f"Payment gateway: {gateway.api_url} (control: {gateway.control_url})")
@@ -326,7 +337,9 @@ def run(args: argparse.Namespace, procs: Processes, workdir: Path) -> int:
     return 0 if ok else 1
 
 
-HEADER = "      t  submitted  charged  queued  retrying  parked  failed  gateway  breaker"
+HEADER = (
+    "      t  submitted  charged  queued  retrying  parked  failed  gateway  in flight  breaker"
+)
 
 
 def live(
@@ -368,7 +381,7 @@ def live(
             say(
                 f"  {now:5.1f}s  {len(watch.ids):9d}  {s['charged']:7d}  {queued:6d}  "
                 f"{s['retrying']:8d}  {s['parked']:6d}  {s['failed']:6d}  {gateway_state:7s}  "
-                f"{s['state']} (opened {s['opened']}x)"
+                f"{s['in_flight']:9d}  {s['state']} (opened {s['opened']}x)"
             )
             finished = (
                 outage_done
@@ -429,6 +442,8 @@ def settle_ledger(watch: Watch, elapsed: float) -> dict[str, Any]:
         "failed": len([i for i in lost if i in failed]),
         "db_disagrees": len(charged ^ db_charged),
         "opened": int(watch.breaker.snapshot()["opened_total"]),
+        "bulkhead": int(watch.breaker.snapshot().get("bulkhead_rejected_total", 0)),
+        "hung": int(watch.gateway.counts().get("hung", 0)),
         "parked_total": sum(reasons.values()),
         "reasons": reasons,
         "replayed": int(stats.get(f"replayed|{BREAKER}", 0)),
@@ -447,6 +462,8 @@ def ledger(r: dict[str, Any], duration: float) -> None:
         ("lost", r["lost"], "neither charged nor parked " + " ".join(r["lost_ids"])),
         ("failed", r["failed"], "of the lost: a Celery FAILURE (non-transient error)"),
         ("breaker opened", r["opened"], "times (opened_total of the shared breaker)"),
+        ("calls hung", r["hung"], "never answered by the gateway: ended by the time limit"),
+        ("bulkhead turned away", r["bulkhead"], "charges parked at once: the one slot was taken"),
         ("parked during the run", r["parked_total"], reasons),
         ("replayed by the drain", r["replayed"], "parked tasks published again by beat's drain"),
         ("retries scheduled", r["retries"], "jittered backoff: 0.2 s, 0.4 s, ... at most 2 s"),

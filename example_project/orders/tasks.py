@@ -10,6 +10,10 @@ What happens to one delivery of ``charge_order`` (all of it is ``ResilientTask``
 * the breaker is open (5 failures in a row, from any worker): the task is parked at once,
   without calling the gateway (reason ``breaker_open``); beat's ``celery_resilience.drain``
   replays it, with the same task id, once the breaker admits calls again;
+* the gateway hangs: the client's timeout, or the task's ``soft_time_limit`` when that comes first,
+  ends the call as a breaker failure (retried, then parked); the breaker's bulkhead
+  (``max_concurrent_calls``) keeps a hung gateway to one pool slot, and a charge that finds the
+  slot taken is parked at once, without calling it;
 * the card is declined (``PaymentDeclined``): a normal Celery FAILURE, the order is ``failed``.
 """
 
@@ -38,6 +42,9 @@ CHARGE_TASK = "orders.charge_order"
     max_retries=3,
     backoff=backoff.Exponential(base=0.2, cap=2.0, jitter="full"),
     deduplicate=True,
+    # A hung gateway call ends here at the latest: counted as a breaker failure and retried or
+    # parked like a timeout, never a FAILURE (the client's own timeout normally ends it first).
+    soft_time_limit=1.5,
 )
 def charge_order(self: ResilientTask, order_id: int) -> dict[str, Any]:
     order = Order.objects.get(pk=order_id)

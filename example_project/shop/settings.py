@@ -76,7 +76,10 @@ if django.VERSION < (5, 1):  # neither option exists before Django 5.1: WAL by h
 
 # -- the payment gateway (example_project/gateway.py) -------------------------------------
 PAYMENTS_GATEWAY_URL = os.environ.get("SHOP_GATEWAY_URL", "http://127.0.0.1:8099")
-PAYMENTS_TIMEOUT = 2.0  # seconds; a timeout is a transient failure (TimeoutError)
+# Seconds; a timeout is a transient failure (TimeoutError). The demo's hang outage sets a long
+# one (SHOP_PAYMENTS_TIMEOUT), as a client left at its library's default would have: the charge
+# task's soft time limit is then what ends a hung call.
+PAYMENTS_TIMEOUT = float(os.environ.get("SHOP_PAYMENTS_TIMEOUT", "2.0"))
 
 # -- Celery -----------------------------------------------------------------------------
 KEY_PREFIX = os.environ.get("SHOP_KEY_PREFIX", "shop")
@@ -114,7 +117,16 @@ CELERY_RESILIENCE_APP = "shop.celery:app"  # where the admin of parked tasks fin
 CELERY_RESILIENCE_BREAKERS = {
     # Short timings so the demo shows a whole outage in seconds; a real gateway would have
     # open_timeout of 30 s or more.
-    "payments": {"failure_threshold": 5, "open_timeout": 3.0, "half_open_max_calls": 1},
+    # max_concurrent_calls (SHOP_BULKHEAD, set by the demo's hang outage): a bulkhead across the
+    # fleet. A hung gateway then holds at most that many pool slots; a charge that finds them
+    # taken is parked at once and drained later. Set it above the calls a healthy gateway has
+    # in flight, or healthy charges park too.
+    "payments": {
+        "failure_threshold": 5,
+        "open_timeout": 3.0,
+        "half_open_max_calls": 1,
+        "max_concurrent_calls": int(os.environ.get("SHOP_BULKHEAD") or 0) or None,
+    },
 }
 CELERY_RESILIENCE_DRAIN_RATE = 100.0  # parked tasks published per second once it is back
 CELERY_RESILIENCE_DRAIN_BATCH = 50

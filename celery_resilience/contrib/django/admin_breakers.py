@@ -163,6 +163,8 @@ class BreakerAdmin(RedactedMessages, admin.ModelAdmin):  # type: ignore[misc]  #
             request,
             "Breakers",
             rows=rows,
+            # Only where a breaker has a bulkhead: the page keeps to the screen's width.
+            any_bulkhead=any(line["in_flight"] != "—" for line in rows),
             error=error,
             can_steer=can_steer,
             **(extra_context or {}),
