@@ -3,12 +3,14 @@
     python benchmarks/outage.py [--seconds 90] [--outage 20:50] [--rate 20]
                                 [--modes hang,refuse,503] [--variants plain,pybreaker,resilient]
                                 [--settle 60] [--drain-every 5] [--drain-rate R]
-                                [--drain-batch N] [--bulkhead 1] [--soft-time-limit 3]
+                                [--drain-batch N] [--concurrency 4] [--bulkhead 2]
+                                [--on-open park] [--soft-time-limit 3]
                                 [--latency 0.02] [--broker-url URL]
                                 [--plot docs/_static/outage.png] [--json FILE] [--from-json FILE]
                                 [--logs DIR] [--loglevel warning]
 
-One prefork worker (``celery -A benchmarks.outageapp worker -c 2``) serves two task types from
+One prefork worker (``celery -A benchmarks.outageapp worker -c 4``, ``--concurrency``) serves two
+task types from
 one queue: ``charge(order_id)``, which POSTs to a real HTTP payment gateway (``outagegateway``,
 its own process; client timeout 2 s), and ``report(n)``, ~5 ms of local work that calls nothing.
 A producer in this script publishes ``--rate`` charges and ``--rate`` reports per second,
@@ -151,6 +153,7 @@ class Bench:
             "OUTAGE_DRAIN_BATCH": str(args.drain_batch or ""),
             "OUTAGE_BULKHEAD": str(args.bulkhead or ""),
             "OUTAGE_SOFT_LIMIT": str(args.soft_time_limit or ""),
+            "OUTAGE_ON_OPEN": args.on_open,
             "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
         }
         app = Celery("outage-publisher", set_as_current=False)
@@ -162,7 +165,8 @@ class Bench:
         celery = [sys.executable, "-m", "celery", "-A", "benchmarks.outageapp"]
         processes = []
         with open(log, "wb") as out:
-            worker = [*celery, "worker", "-P", "prefork", "-c", "2", "-Q", prefix, "-l", level]
+            pool = ["-P", "prefork", "-c", str(args.concurrency)]
+            worker = [*celery, "worker", *pool, "-Q", prefix, "-l", level]
             worker += ["-n", f"{prefix}@%h", "--without-heartbeat", "--without-gossip"]
             worker += ["--without-mingle"]
             commands = [worker]
@@ -333,11 +337,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--drain-every", type=float, default=5.0, help="beat's drain period")
     parser.add_argument("--drain-rate", type=float, help="resilience_drain_rate (default: its)")
     parser.add_argument("--drain-batch", type=int, help="resilience_drain_batch (default: its)")
+    parser.add_argument("--concurrency", type=int, default=4, help="the worker's pool size")
     parser.add_argument(
         "--bulkhead",
         type=int,
-        default=1,
+        default=2,
         help="ResilientTask's max_concurrent_calls (recommended: below the pool; 0: off)",
+    )
+    parser.add_argument(
+        "--on-open",
+        choices=("park", "retry"),
+        default="park",
+        help="ResilientTask's on_open (the package's default: park)",
     )
     parser.add_argument(
         "--soft-time-limit",
@@ -372,8 +383,8 @@ def main(argv: list[str] | None = None) -> int:
             args.json.write_text(json.dumps(saved))
     report(runs)
     caption = (
-        f"{args.rate:.0f} charges/s + {args.rate:.0f} reports/s on one prefork worker -c 2, the "
-        f"gateway down in the shaded window; {about}"
+        f"{args.rate:.0f} charges/s + {args.rate:.0f} reports/s on one prefork worker "
+        f"-c {args.concurrency}, the gateway down in the shaded window; {about}"
     )
     plot(runs, args.plot, caption)
     print(f"\nplot: {args.plot}")

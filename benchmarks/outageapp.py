@@ -14,6 +14,7 @@ OUTAGE_DRAIN_RATE     ``resilience_drain_rate`` (unset: the package's default)
 OUTAGE_DRAIN_BATCH    ``resilience_drain_batch`` (unset: the package's default)
 OUTAGE_BULKHEAD       the ``gateway`` breaker's ``max_concurrent_calls`` (unset: no bulkhead)
 OUTAGE_SOFT_LIMIT     the resilient charge's ``soft_time_limit`` in seconds (unset: none)
+OUTAGE_ON_OPEN        the resilient charge's ``on_open`` (unset: the package's ``park``)
 ====================  ======================================================================
 
 Two task types share the queue. ``outage.report(n)`` does ~5 ms of local work and calls
@@ -59,6 +60,7 @@ DRAIN_RATE = float(os.environ.get("OUTAGE_DRAIN_RATE") or 0) or None
 DRAIN_BATCH = int(os.environ.get("OUTAGE_DRAIN_BATCH") or 0) or None
 BULKHEAD = int(os.environ.get("OUTAGE_BULKHEAD") or 0) or None
 SOFT_LIMIT = float(os.environ.get("OUTAGE_SOFT_LIMIT") or 0) or None
+ON_OPEN = os.environ.get("OUTAGE_ON_OPEN") or "park"
 
 #: The client's timeout (connect, and read): what a hung gateway costs a worker per call.
 TIMEOUT = 2.0
@@ -212,6 +214,7 @@ def charge_pybreaker(order_id: int) -> None:
     backoff=backoff.Exponential(base=1.0, cap=300.0, jitter="full"),
     call_timeout=TIMEOUT,  # the client's own timeout, declared (what `check` asks for)
     soft_time_limit=SOFT_LIMIT,
+    on_open=ON_OPEN,
 )
 def charge_resilient(order_id: int) -> None:
     call_gateway(order_id)

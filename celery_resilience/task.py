@@ -184,7 +184,7 @@ class ResilientTask(Task):  # type: ignore[misc]
         return runtime.deliver(None, delivery)
 
     def _rejected(self, rejected: BreakerOpen, request: Any) -> NoReturn:
-        if self.on_open == "retry":
+        if self.on_open == "retry" or isinstance(rejected, BulkheadFull):  # busy, not down: wait
             self._retry_or_park(rejected, request, delay=rejected.retry_after)
         self._park("breaker_open", rejected, request)
 

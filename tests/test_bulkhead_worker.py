@@ -1,5 +1,6 @@
 """The bulkhead in a real prefork ``celery worker``: a hanging dependency holds at most N pool
-slots, and every other delivery is parked (or retried) at once, with no attempt spent.
+slots, and every other delivery waits in the broker (sent again, its retries unchanged) without
+calling it, whatever ``on_open`` says: a full bulkhead is a busy dependency, not a down one.
 
 The worlds are those of ``tests/test_task_worker.py`` (``tests/workerapp.py``); the dependency
 counts the calls in flight itself (``<P>:dep:concurrency``: per call, the calls under way when it
@@ -25,36 +26,39 @@ def peak_in_flight(world: World) -> int:
     return max((int(v) for v in seen), default=0)
 
 
-def test_a_hanging_dependency_holds_at_most_n_pool_slots_and_the_rest_park_at_once(
+def test_a_hanging_dependency_holds_at_most_n_pool_slots_and_the_rest_wait_in_the_broker(
     make_world: Callable[..., World],  # noqa: F811
 ) -> None:
-    # given: a dependency that answers only after HANG seconds, a pool of 4, a bulkhead of 2
-    world = make_world(max_concurrent_calls=LIMIT, failure_threshold=100)
+    # given: a dependency that answers only after HANG seconds, a pool of 4, a bulkhead of 2,
+    # on_open left at "park"
+    world = make_world(max_concurrent_calls=LIMIT, failure_threshold=100, max_retries=1)
     world.dependency(up=True, latency=HANG)
     world.start_worker(pool="prefork", concurrency=4)
 
     # when: 8 deliveries arrive together
     ids = [world.publish("charge", f"order-{n}") for n in range(8)]
 
-    # then: 6 are parked while the first 2 calls still hang, none of them having called it
-    wait_for(lambda: len(world.parked()) == 6, "6 deliveries parked", timeout=30.0)
-    entries = world.parked()
-    first_call = min(record["time"] for record in world.dep_log())
-    assert max(e.parked_at for e in entries.values()) < first_call + HANG, "parked only later"
-    assert world.dep_calls() == LIMIT
-    for entry in entries.values():
-        assert (entry.reason, entry.retries, entry.breaker) == ("breaker_open", 0, "dep")
-        assert entry.exc_type is not None
-        assert "BulkheadFull" in entry.exc_type
-    wait_for(lambda: len(world.succeeded()) == LIMIT, "the 2 hanging calls to end", HANG * 4)
-    assert peak_in_flight(world) == LIMIT
-    assert set(world.succeeded()) | set(entries) == set(ids)
-    snap = world.resilience.breaker("dep").snapshot()
-    assert (snap["state"], snap["calls_in_flight"], snap["bulkhead_rejected_total"]) == (
-        "closed",
-        0,
-        6,
+    # then: while the first 2 calls hang, the other 6 are turned away without calling it, and
+    # neither parked nor charged an attempt: they wait in the broker
+    wait_for(
+        lambda: world.resilience.breaker("dep").snapshot()["bulkhead_rejected_total"] >= 6,
+        "6 deliveries turned away",
+        timeout=30.0,
     )
+    first_call = min(record["time"] for record in world.dep_log())
+    assert world.dep_calls() == LIMIT
+    assert world.parked() == {}
+    # and: every one succeeds in the end, never more than 2 at a time, each calling the
+    # dependency once, on its first attempt (max_retries=1: a spent attempt would have parked)
+    wait_for(lambda: world.succeeded() == set(ids), "all 8 to succeed", timeout=HANG * 8)
+    log = world.dep_log()
+    assert sorted(r["task_id"] for r in log) == sorted(ids)
+    assert {r["retries"] for r in log} == {0}
+    assert min(r["time"] for r in log if r["time"] > first_call + 0.5) >= first_call + HANG - 0.5
+    assert peak_in_flight(world) == LIMIT
+    assert world.parked() == {}
+    snap = world.resilience.breaker("dep").snapshot()
+    assert (snap["state"], snap["calls_in_flight"]) == ("closed", 0)
     world.assert_ledger()
 
 

@@ -308,13 +308,15 @@ def test_on_open_retry_waits_out_the_open_breaker_then_parks_as_breaker_open(
     assert entry.exc_type.endswith("BreakerOpen")
 
 
-def test_a_full_bulkhead_parks_the_delivery_unrun_and_a_free_slot_runs_it(
+def test_a_full_bulkhead_keeps_the_delivery_unrun_and_a_free_slot_runs_it(
     make_app: MakeApp,
 ) -> None:
+    # A full bulkhead sends the delivery again, whatever on_open says; eager retries run at
+    # once, so with the slot held all along they are spent and the task parks, never run.
     app = make_app(resilience_breakers={"gateway": {"max_concurrent_calls": 1}})
     calls: list[int] = []
 
-    @resilient(app, breaker="gateway", retry_on=(DependencyDown,))
+    @resilient(app, breaker="gateway", retry_on=(DependencyDown,), max_retries=2)
     def charge(self: Any, n: int) -> int:
         calls.append(n)
         return n
@@ -326,7 +328,7 @@ def test_a_full_bulkhead_parks_the_delivery_unrun_and_a_free_slot_runs_it(
     assert calls == []
     assert result.state == states.IGNORED
     entry = only_entry(app)
-    assert (entry.reason, entry.task_id, entry.retries) == ("breaker_open", "turned-away", 0)
+    assert (entry.reason, entry.task_id, entry.retries) == ("breaker_open", "turned-away", 2)
     assert entry.exc_type == f"{BulkheadFull.__module__}.BulkheadFull"
     held.success()
     assert charge.apply((2,)).get() == 2
