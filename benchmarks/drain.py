@@ -13,8 +13,8 @@ keys under ``<prefix>:broker:`` through kombu's ``global_keyprefix``):
    ``resilience_drain_batch`` 500): claim, publish with the original task id (each batch
    through kombu's ``Producer.batch``: one Redis pipeline for the batch's messages), a
    ``task-replayed`` event per entry, ack;
-3. drain, events off: the same with ``celery_resilience.drain.replay_dispatcher`` replaced by a
-   no-op, so 2 - 3 is what the events cost;
+3. drain, events off: the same with ``celery_resilience.drain_batch.replay_dispatcher``
+   replaced by a no-op, so 2 - 3 is what the events cost;
 4. drain, publish off: the same with ``celery_resilience.sending.publish`` a no-op as well: what
    the claim, the checks of each entry and the ack cost;
 5. store claim + ack alone: ``claim`` a batch and ``ack`` it, in a loop, without a drain;
@@ -55,7 +55,7 @@ from celery import Celery
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import celery_resilience.drain as drain_module
+import celery_resilience.drain_batch as drain_module
 import celery_resilience.sending as sending_module
 from celery_resilience import ParkedTask, Resilience
 from celery_resilience.events import ReplayEvents

@@ -463,7 +463,11 @@ def ledger(r: dict[str, Any], duration: float) -> None:
         ("failed", r["failed"], "of the lost: a Celery FAILURE (non-transient error)"),
         ("breaker opened", r["opened"], "times (opened_total of the shared breaker)"),
         ("calls hung", r["hung"], "never answered by the gateway: ended by the time limit"),
-        ("bulkhead turned away", r["bulkhead"], "charges parked at once: the one slot was taken"),
+        (
+            "bulkhead turned away",
+            r["bulkhead"],
+            "charges sent back to the broker to wait for the slot, no attempt spent",
+        ),
         ("parked during the run", r["parked_total"], reasons),
         ("replayed by the drain", r["replayed"], "parked tasks published again by beat's drain"),
         ("retries scheduled", r["retries"], "jittered backoff: 0.2 s, 0.4 s, ... at most 2 s"),
