@@ -82,8 +82,7 @@ class ResilientTask(Task):  # type: ignore[misc]
             )
         if not callable(cls.backoff):
             raise ConfigurationError(
-                f"{name}.backoff must be a backoff strategy (attempt -> seconds), "
-                f"got {cls.backoff!r}"
+                f"{name}.backoff must be a backoff strategy, got {cls.backoff!r}"
             )
         retries = cls.max_retries
         if retries is not None and (
@@ -184,8 +183,9 @@ class ResilientTask(Task):  # type: ignore[misc]
         return runtime.deliver(None, delivery)
 
     def _rejected(self, rejected: BreakerOpen, request: Any) -> NoReturn:
-        if self.on_open == "retry" or isinstance(rejected, BulkheadFull):  # busy, not down: wait
-            self._retry_or_park(rejected, request, delay=rejected.retry_after)
+        waits = isinstance(rejected, BulkheadFull) and not request.is_eager  # busy, not down
+        if self.on_open == "retry" or waits:
+            self._retry_or_park(rejected, request, rejected.retry_after, spent=int(not waits))
         self._park("breaker_open", rejected, request)
 
     def _retry_or_park(
@@ -194,9 +194,9 @@ class ResilientTask(Task):  # type: ignore[misc]
         request: Any,
         delay: float | None = None,
         max_retries: int | None = None,  # the body's own retry(max_retries=...)
+        spent: int = 1,  # 0: turned away unrun by a full bulkhead, no attempt used
     ) -> NoReturn:
         retries = request.retries or 0
-        spent = 0 if isinstance(exc, BulkheadFull) and not request.is_eager else 1  # no attempt
         limit = self.max_retries if max_retries is None else max_retries
         if spent and limit is not None and retries >= limit:
             reason: Reason = "breaker_open" if isinstance(exc, BreakerOpen) else "retries_exhausted"

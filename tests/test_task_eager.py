@@ -308,15 +308,15 @@ def test_on_open_retry_waits_out_the_open_breaker_then_parks_as_breaker_open(
     assert entry.exc_type.endswith("BreakerOpen")
 
 
-def test_a_full_bulkhead_keeps_the_delivery_unrun_and_a_free_slot_runs_it(
+def test_a_full_bulkhead_in_eager_mode_parks_the_delivery_unrun_and_a_free_slot_runs_it(
     make_app: MakeApp,
 ) -> None:
-    # A full bulkhead sends the delivery again, whatever on_open says; eager retries run at
-    # once, so with the slot held all along they are spent and the task parks, never run.
+    # A worker keeps such a delivery in the broker; eager mode has no broker to wait in (and
+    # retries at once, recursively): on_open decides, here "park", at once, no attempt spent.
     app = make_app(resilience_breakers={"gateway": {"max_concurrent_calls": 1}})
     calls: list[int] = []
 
-    @resilient(app, breaker="gateway", retry_on=(DependencyDown,), max_retries=2)
+    @resilient(app, breaker="gateway", retry_on=(DependencyDown,), max_retries=None)
     def charge(self: Any, n: int) -> int:
         calls.append(n)
         return n
@@ -328,7 +328,7 @@ def test_a_full_bulkhead_keeps_the_delivery_unrun_and_a_free_slot_runs_it(
     assert calls == []
     assert result.state == states.IGNORED
     entry = only_entry(app)
-    assert (entry.reason, entry.task_id, entry.retries) == ("breaker_open", "turned-away", 2)
+    assert (entry.reason, entry.task_id, entry.retries) == ("breaker_open", "turned-away", 0)
     assert entry.exc_type == f"{BulkheadFull.__module__}.BulkheadFull"
     held.success()
     assert charge.apply((2,)).get() == 2
@@ -745,3 +745,26 @@ def test_a_failure_from_a_full_store_keeps_its_exception_type(make_app: MakeApp)
     result = ship.apply(task_id="refused")
 
     assert isinstance(result.result, StoreFull)
+
+
+def test_a_full_bulkhead_met_inside_the_body_spends_an_attempt_like_any_retry_on_error(
+    make_app: MakeApp,
+) -> None:
+    # Only the task's own admission turned away unrun spends nothing: a body that calls another
+    # breaker and meets its full bulkhead has run (and may have done things): its retries count.
+    app = make_app(resilience_breakers={"other": {"max_concurrent_calls": 1}})
+    other = resilience(app).breaker("other")
+    other.acquire()  # a call in flight elsewhere
+    runs: list[int] = []
+
+    @resilient(app, retry_on=(BulkheadFull,), max_retries=2)
+    def lookup(self: Any, n: int) -> int:
+        runs.append(self.request.retries or 0)
+        return int(other.call(lambda: n))
+
+    result = lookup.apply((1,), task_id="inner-bulkhead")
+
+    assert runs == [0, 1, 2]
+    assert result.state == states.IGNORED
+    entry = only_entry(app)
+    assert (entry.reason, entry.retries) == ("breaker_open", 2)  # its cause was a BreakerOpen
