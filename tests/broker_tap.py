@@ -51,16 +51,26 @@ class BrokerTap:
         self.sync()
 
     def _run(self) -> None:
-        with self.broker.monitor() as monitor:
-            self._started.set()
-            while not self._stop.is_set():
-                try:
-                    command = monitor.next_command()["command"]
-                except (redis.ConnectionError, redis.TimeoutError):
-                    if self._stop.is_set():
-                        return
-                    raise
-                self._record(command)
+        # A connection of its own with no read timeout: a broker may stay quiet for longer than
+        # the tests' client waits for a reply (a hard time limit, a keep delay), which is no error.
+        pool = self.broker.connection_pool
+        options = {**pool.connection_kwargs, "socket_timeout": None}
+        client = redis.Redis(
+            connection_pool=redis.ConnectionPool(connection_class=pool.connection_class, **options)
+        )
+        try:
+            with client.monitor() as monitor:
+                self._started.set()
+                while not self._stop.is_set():
+                    try:
+                        command = monitor.next_command()["command"]
+                    except (redis.ConnectionError, redis.TimeoutError):
+                        if self._stop.is_set():
+                            return
+                        raise
+                    self._record(command)
+        finally:
+            client.close()
 
     def _record(self, command: str) -> None:
         # redis-py gives the arguments unquoted, joined by spaces: "LPUSH <key> <message>...".
