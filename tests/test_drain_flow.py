@@ -8,7 +8,6 @@ pass published is read back from the Redis broker (a test's own queue and key pr
 from __future__ import annotations
 
 import json
-import os
 import socket
 import time
 import uuid
@@ -21,6 +20,7 @@ from celery import Celery
 from celery_resilience import Resilience
 from celery_resilience.drain import FOLLOW_UP_BUSY
 from celery_resilience.queue_room import queue_depth
+from tests.conftest import service_missing
 from tests.test_drain import (
     MakeResilience,
     make_resilience,  # noqa: F401 - a fixture
@@ -323,9 +323,7 @@ def amqp_or_skip() -> None:
         with socket.create_connection(("127.0.0.1", 5672), timeout=1):
             return
     except OSError:
-        if os.environ.get("CI"):
-            pytest.fail("no RabbitMQ on 127.0.0.1:5672 (CI must have it)")
-        pytest.skip("no RabbitMQ on 127.0.0.1:5672")
+        service_missing("no RabbitMQ on 127.0.0.1:5672")
 
 
 def test_the_depth_of_a_rabbitmq_queue_is_its_passive_declare_count() -> None:
