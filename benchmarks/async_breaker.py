@@ -118,7 +118,7 @@ def main() -> None:
     resilience = Resilience(app)
     breaker = resilience.breaker("bench")
     deadline = time.monotonic() + 10
-    while breaker.known_state() != "closed" or breaker._views.admits("bench") is None:
+    while breaker.known_state() != "closed" or breaker._knowledge.admits("bench") is None:
         assert time.monotonic() < deadline, "the breaker's change feed never went live"
         breaker.acquire().release()
         time.sleep(0.01)
@@ -153,7 +153,7 @@ def main() -> None:
             print(f"  {name:30s} {value:8.2f} µs   x{value / ref:6.2f}   +{value - ref:6.2f} µs")
         print(f"  Redis commands sent per acall: {sent / acalls:.5f}")
     finally:
-        resilience.close()
+        resilience.runtime.close()
         cleanup = redis.Redis.from_url(args.redis_url)
         keys = list(cleanup.scan_iter(match=f"*{prefix}*", count=1000))
         if keys:

@@ -37,7 +37,7 @@ import redis
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.redis_server import RedisServer  # noqa: E402 - after the path is set
+from tests.support.redis_server import RedisServer  # noqa: E402 - after the path is set
 
 SHARD_OPS = 100_000  # commands per second one Redis shard takes, roughly
 SKIP = {"cmdstat_info", "cmdstat_config|get", "cmdstat_config"}

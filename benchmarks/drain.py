@@ -13,10 +13,10 @@ keys under ``<prefix>:broker:`` through kombu's ``global_keyprefix``):
    ``resilience_drain_batch`` 500): claim, publish with the original task id (each batch
    through kombu's ``Producer.batch``: one Redis pipeline for the batch's messages), a
    ``task-replayed`` event per entry, ack;
-3. drain, events off: the same with ``celery_resilience.drain_batch.replay_dispatcher``
+3. drain, events off: the same with ``celery_resilience.drain.batch.replay_dispatcher``
    replaced by a no-op, so 2 - 3 is what the events cost;
-4. drain, publish off: the same with ``celery_resilience.sending.publish`` a no-op as well: what
-   the claim, the checks of each entry and the ack cost;
+4. drain, publish off: the same with ``celery_resilience.drain.sending.publish`` a no-op as
+   well: what the claim, the checks of each entry and the ack cost;
 5. store claim + ack alone: ``claim`` a batch and ``ack`` it, in a loop, without a drain;
 6. drain, signed + encrypted: phase 2 with ``resilience_signing_key`` and
    ``resilience_encryption_key`` set (its own key prefix, same queue): every entry verified
@@ -55,11 +55,11 @@ from celery import Celery
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import celery_resilience.drain_batch as drain_module
-import celery_resilience.sending as sending_module
+import celery_resilience.drain.batch as drain_module
+import celery_resilience.drain.sending as sending_module
 from celery_resilience import ParkedTask, Resilience
+from celery_resilience.backout import Codec
 from celery_resilience.events import ReplayEvents
-from celery_resilience.parked import Codec
 
 #: Keys of the signed + encrypted phase (fixed: the benchmark stores no secret).
 SIGNING_KEY = "bench-signing-key-0123456789abcdef"
@@ -146,7 +146,7 @@ class Bench:
         self.queue = f"{self.prefix}-q"
         self.app = make_app(broker_url, self.prefix, self.queue)
         self.resilience = Resilience(self.app)
-        self.store = self.resilience.backout_store
+        self.store = self.resilience.runtime.backout_store
         # Same queue, a key prefix of its own: entries signed and sealed.
         self.keyed_app = make_app(
             broker_url, self.prefix, self.queue, keys=True, store_prefix=f"{self.prefix}-k"
@@ -181,8 +181,8 @@ class Bench:
 
     def park(self, n: int, keyed: bool = False) -> None:
         res = self.keyed if keyed else self.resilience
-        store = res.backout_store
-        now = res.now() - 1.0  # due at once
+        store = res.runtime.backout_store
+        now = res.runtime.now() - 1.0  # due at once
         serial, self.serial = self.serial, self.serial + 1
         started = time.perf_counter()
         for i in range(n):
@@ -203,14 +203,14 @@ class Bench:
     def drain(self, n: int, label: str, publishes: bool = True, keyed: bool = False) -> Row:
         res = self.keyed if keyed else self.resilience
         self.park(n, keyed)
-        assert res.backout_store.count() == n, "parking lost entries"
+        assert res.runtime.backout_store.count() == n, "parking lost entries"
         before = self.queued()
         started, cpu = time.perf_counter(), time.process_time()
         report = res.drain()
         seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
         assert report.replayed == n, report
         assert not report.errors, report
-        assert res.backout_store.count() == 0, "drain left entries behind"
+        assert res.runtime.backout_store.count() == 0, "drain left entries behind"
         if publishes:
             assert self.queued() - before == n, "drain lost messages"
         self.empty_queue()
@@ -265,8 +265,8 @@ class Bench:
         return Row("store claim + ack alone", n, seconds, cpu)
 
     def cleanup(self) -> None:
-        self.resilience.close()
-        self.keyed.close()
+        self.resilience.runtime.close()
+        self.keyed.runtime.close()
         for pattern in (f"{self.prefix}*", f"{{{self.prefix}*"):
             found = list(self.client.scan_iter(match=pattern, count=1000))
             if found:

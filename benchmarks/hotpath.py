@@ -131,7 +131,7 @@ def main() -> None:
         for tottime, ncalls, where in sorted(ours, reverse=True)[: args.top]:
             print(f"  {tottime / n * 1e6:7.2f} µs/task  {ncalls / n:6.2f} calls/task  {where}")
     finally:
-        resilience.close() if hasattr(resilience, "close") else None
+        resilience.runtime.close()
         for key in stats.scan_iter(match=f"*{prefix}*", count=1000):
             stats.delete(key)
         stats.close()

@@ -196,7 +196,7 @@ class Bench:
                 run.note = f"breaker opened {snap['opened_total']}x, now {snap['state']}"
                 entries = resilience.backout.list(limit=100_000)
                 run.parked = sorted(int(e.args[0]) for e in entries if int(e.args[0]) >= 0)
-                resilience.close()
+                resilience.runtime.close()
         finally:
             for process in reversed(processes):
                 _stop(process)

@@ -1,19 +1,23 @@
 """celery-resilience: shared circuit breakers, jittered retries and a back-out store for Celery."""
 
 from . import backoff, beat, worker
+from .backout import ParkedTask
 from .breaker import Breaker, Permit
 from .drain import DrainReport
 from .errors import (
     BreakerOpen,
     BulkheadFull,
     ConfigurationError,
+    DrainBusy,
+    EntryNotFound,
+    NotReplayable,
     ParkedTaskDead,
     ResilienceError,
+    StoreFull,
     StoreUnavailable,
     TaskIdClaimed,
     Unparkable,
 )
-from .parked import ParkedTask
 from .resilience import Resilience
 from .task import ResilientTask
 
@@ -28,13 +32,17 @@ __all__ = [
     "BreakerOpen",
     "BulkheadFull",
     "ConfigurationError",
+    "DrainBusy",
     "DrainReport",
+    "EntryNotFound",
+    "NotReplayable",
     "ParkedTask",
     "ParkedTaskDead",
     "Permit",
     "Resilience",
     "ResilienceError",
     "ResilientTask",
+    "StoreFull",
     "StoreUnavailable",
     "TaskIdClaimed",
     "Unparkable",

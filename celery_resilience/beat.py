@@ -6,9 +6,12 @@ from typing import Any
 
 from celery import shared_task
 
-from .parked.redis_keys import BackoutKeys
+from . import maintenance
+from .backout.redis_keys import BackoutKeys
+from .drain import status as drain_status
 from .redact import get_logger
 from .resilience import Resilience
+from .runtime import Runtime
 
 logger = get_logger("celery_resilience.drain")
 
@@ -20,29 +23,35 @@ FOLLOW_UP_EXPIRES = 30.0
 def drain(self: Any, breaker: str | None = None, limit: int | None = None) -> dict[str, Any]:
     """Replay what may go out now of breakers that admit calls, and return: run it from beat.
 
-    It never waits (the pool slot is back at once). When entries are left that only the pace or
-    a full queue held back, it sends itself again in ``report.next_in`` seconds, so a recovery
-    goes as fast as the queue empties and not only at beat's period.
+    It never waits (the pool slot is back at once). When entries are left that the pace, a full
+    queue or the breaker held back, it sends itself again in ``report.next_in`` seconds, so a
+    recovery starts when the breaker closes and goes as fast as the queue empties, not only at
+    beat's period.
     """
     resilience = Resilience.for_app(self.app)
+    try:  # what the operator's views read: beat is alive, maintenance windows end on time
+        drain_status.mark_ran(resilience.runtime)
+        maintenance.end_expired(resilience.runtime)
+    except Exception as exc:  # Redis away: the drain below says so; the next pass tries again
+        logger.warning("Drain task bookkeeping failed: %s", exc)
     report = resilience.drain_once(breaker=breaker, limit=limit)
     if report.next_in is not None:
-        follow_up(self, resilience, report.next_in, {"breaker": breaker, "limit": limit})
+        follow_up(self, resilience.runtime, report.next_in, {"breaker": breaker, "limit": limit})
     return report.as_dict()
 
 
-def follow_up(task: Any, resilience: Resilience, delay: float, kwargs: dict[str, Any]) -> None:
+def follow_up(task: Any, runtime: Runtime, delay: float, kwargs: dict[str, Any]) -> None:
     """Send the next pass in ``delay`` seconds, unless one is already on its way.
 
     A key that lives until the pass is due lets one pass be pending at a time, whichever run
     (beat's or a follow-up) asked: chains started by beat's ticks merge instead of multiplying.
     """
-    config = resilience.config
+    config = runtime.config
     if config.in_memory or task.app.conf.task_always_eager:
         return  # one process (eager would run it at once, recursively): beat's tick paces
     key = f"{BackoutKeys.for_prefix(config.key_prefix).tag}:drain-next"
     try:
-        if resilience.redis.set(key, "1", nx=True, px=max(1, int(delay * 1000))):
+        if runtime.redis.set(key, "1", nx=True, px=max(1, int(delay * 1000))):
             task.apply_async(kwargs=kwargs, countdown=delay, expires=delay + FOLLOW_UP_EXPIRES)
     except Exception as exc:  # the next beat tick drains anyway
         logger.warning("Could not send the drain's next pass: %s", exc)

@@ -5,7 +5,8 @@ Celery's ``Task.retry`` publishes the retry itself and turns a refused publish i
 ``ResilientTask`` runs, ``retry()`` raises :class:`BodyRetry` instead; the task catches it after
 the body, settles the breaker's permit (a failure when the cause is a ``retry_on`` error or a
 soft time limit: a half-open probe that retries must not close the breaker) and takes its own
-retry path: published by the package, parked when retries run out or the broker refuses it.
+retry path (``fate.py``): published by the package, parked when retries run out or the broker
+refuses it.
 Outside a worker's delivery (a direct call, eager mode, ``throw=False``) Celery's own retry runs.
 """
 
@@ -16,7 +17,7 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
-from celery.exceptions import Retry, SoftTimeLimitExceeded
+from celery.exceptions import Retry
 from celery.utils.time import maybe_make_aware
 
 
@@ -35,12 +36,6 @@ class BodyRetry(Retry):  # type: ignore[misc]
         self.countdown = countdown
         #: The body's ``max_retries`` for this delivery; ``None``: the task's own.
         self.max_retries = max_retries
-
-    def outcome(self, retry_on: tuple[type[BaseException], ...]) -> str:
-        """What the call told of the dependency: a transient error is a breaker failure."""
-        if isinstance(self.exc, (*retry_on, SoftTimeLimitExceeded)):
-            return "failure"
-        return "success"
 
 
 def retry(

@@ -18,8 +18,8 @@ from typing import Any, Literal
 import redis
 
 from .backoff import max_delay
+from .backout.redis_keys import BackoutKeys
 from .config import broker_countdown_limit
-from .parked.redis_keys import BackoutKeys
 from .redact import get_logger, redact
 from .redis_io import node_client, primaries
 from .runtime import Runtime

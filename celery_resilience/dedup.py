@@ -5,7 +5,8 @@ breaker's script, or ``deliver.lua`` without a breaker), under a token of its de
 lease. The success marker replaces the claim; any other ending gives it back at once; a worker
 killed mid-body leaves it to its lease. A delivery that finds the id claimed waits in the broker
 (published again, same id and retry count) until the claim could end, or for
-``resilience_keep_delay`` if that is sooner, then asks again.
+``resilience_keep_delay`` if that is sooner, then asks again (``fate.py`` decides it, as it
+decides for a delivery whose id already succeeded: acked, not run).
 """
 
 from __future__ import annotations
@@ -13,21 +14,13 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, NoReturn
+from typing import Any
 
-from celery.exceptions import Ignore
-
-from .breaker.permit import Admission
 from .config import ResilienceConfig
-from .errors import TaskIdClaimed
 from .redact import get_logger
 from .runtime import Runtime
 
 logger = get_logger("celery_resilience.task")
-
-#: The shortest wait of a delivery that found its task id claimed (seconds): a claim about to
-#: end is asked about again a moment later, not in a tight loop.
-MIN_CLAIM_WAIT = 0.5
 
 
 def hard_time_limit(task: Any, request: Any) -> float | None:
@@ -47,16 +40,6 @@ def claim_of(task: Any, request: Any, config: ResilienceConfig) -> dict[str, Any
         return {}
     lease = config.claim_lease(hard_time_limit(task, request))
     return {"claim": uuid.uuid4().hex, "lease_us": round(lease * 1_000_000)}
-
-
-def skipped(task: Any, request: Any, admission: Admission) -> None:
-    """A delivery the admission told to skip its body: ``done`` is acked, ``claimed`` waits in
-    the broker; returns for ``redelivered`` (the caller parks it)."""
-    if admission.skip == "done":
-        logger.info("Task %s[%s] already succeeded: skipped", task.name, request.id)
-        raise Ignore()
-    if admission.skip == "claimed":
-        wait_for_claim(task, request, admission.wait)
 
 
 def give_back(runtime: Runtime, scope: str | None, task_id: str, claim: str) -> None:
@@ -79,27 +62,3 @@ def given_back_unless_done(task: Any, request: Any, claim: str) -> Iterator[None
     except BaseException:
         give_back(task.runtime, task.breaker, request.id, claim)
         raise
-
-
-def claim_wait(config: ResilienceConfig, wait: float) -> float:
-    """How long a delivery that found its task id claimed waits in the broker: until the claim
-    could end, or ``resilience_keep_delay`` if sooner (a claim given back early, as when the
-    holder failed, is seen then), within what the broker holds safely."""
-    return min(max(wait, MIN_CLAIM_WAIT), config.keep_delay, config.max_countdown)
-
-
-def wait_for_claim(task: Any, request: Any, wait: float) -> NoReturn:
-    """Another delivery of this task id runs it now (its claim ends in ``wait`` seconds at most):
-    ``task``'s delivery waits in the broker, published again with the same id and retry count
-    (no attempt used), and asks again once that claim could have ended. Never dropped, never
-    run beside the other one."""
-    claimed = TaskIdClaimed(request.id, wait)
-    if request.is_eager:  # no broker to wait in: the caller sees it
-        raise claimed
-    delay = claim_wait(task.runtime.config, wait)
-    logger.info("Task %s[%s]: %s; kept, again in %.1fs", task.name, request.id, claimed, delay)
-    try:
-        task._send_again(request, delay, request.retries or 0)
-    except Exception as trouble:
-        task._keep(request, trouble)  # published later, or requeued: never dropped
-    raise Ignore()  # no state stored: the running delivery's outcome is the task's

@@ -42,8 +42,9 @@ class BulkheadFull(BreakerOpen):
     """The breaker would admit the call, but ``max_concurrent_calls`` calls to its dependency are
     already in flight across the fleet. A ``BreakerOpen``, so code that handles a rejection
     handles this one too; ``retry_after`` is ``None``: a slot frees when some call ends. The
-    dependency was not called, so a task retried for it (``on_open="retry"``) spends no retry
-    (in eager mode it does: eager retries run at once, recursively, and must end)."""
+    dependency was not called, so a task it turns away waits in the broker with no retry spent
+    (``turned_away.py``; in eager mode ``on_open`` decides: eager retries run at once,
+    recursively, and must end)."""
 
     def __init__(self, breaker: str, state: str, retry_after: float | None = None) -> None:
         super().__init__(breaker, state, retry_after)
@@ -52,6 +53,52 @@ class BulkheadFull(BreakerOpen):
 
 class StoreUnavailable(ResilienceError):
     """Redis (or the configured store) could not be reached within its timeout."""
+
+
+class NotReplicated(StoreUnavailable):
+    """Fewer replicas than asked held a write in time; ``reply`` is the script's own reply."""
+
+    def __init__(self, message: str, reply: Any) -> None:
+        super().__init__(message)
+        self.reply = reply
+
+
+class StoreFull(ResilienceError):
+    """The store holds ``max_entries`` entries: parking refuses loudly instead of dropping."""
+
+    def __init__(self, max_entries: int, entry_id: str) -> None:
+        self.max_entries = max_entries
+        self.entry_id = entry_id
+        super().__init__(f"back-out store is full ({max_entries} entries): {entry_id} not parked")
+
+    def __reduce__(self) -> tuple[type[StoreFull], tuple[int, str]]:
+        return (type(self), (self.max_entries, self.entry_id))
+
+
+class UndecodableEntry(ResilienceError):
+    """Stored bytes are not a valid entry (garbage, a refused serializer, missing fields)."""
+
+
+class EntryNotFound(ResilienceError, KeyError):
+    """No parked task has this id (replayed, deleted or purged meanwhile). A ``KeyError``, as
+    callers of ``Backout.replay`` have caught it."""
+
+    def __init__(self, entry_id: str) -> None:
+        self.entry_id = entry_id
+        super().__init__(entry_id)
+
+    def __reduce__(self) -> tuple[type[EntryNotFound], tuple[str]]:
+        return (type(self), (self.entry_id,))
+
+
+class NotReplayable(ResilienceError, ValueError):
+    """A replay on demand refused the entry; the message says why (its arguments no longer fit,
+    it expired, it can't be decoded or trusted). A ``ValueError``, as callers have caught it."""
+
+
+class DrainBusy(ResilienceError, TimeoutError):
+    """A drain held the lock that a replay on demand waited for; try again in a moment. A
+    ``TimeoutError``, as callers have caught it."""
 
 
 class ParkedTaskDead(ResilienceError):

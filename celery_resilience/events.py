@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .parked.entry import ParkedTask
+    from .backout.entry import ParkedTask
 from .redact import get_logger
 
 logger = get_logger("celery_resilience.events")

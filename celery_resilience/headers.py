@@ -18,6 +18,9 @@ REPLAYS_HEADER = "resilience_replays"
 #: Header counting replays the breaker rejected before the body ran (a half-open breaker
 #: whose probe slot another call took): they must not use up ``resilience_max_replays``.
 REJECTED_HEADER = "resilience_rejected"
+#: Header counting the times in a row a full bulkhead turned a delivery away unrun
+#: (``turned_away.py``): it describes one delivery's wait, never a parked entry's.
+TURNED_AWAY_HEADER = "resilience_turned_away"
 #: kombu's mark of a message the broker delivered before (in its headers, on a Redis broker): it
 #: describes one delivery, and a message published again from it is a first delivery.
 REDELIVERED_HEADER = "redelivered"

@@ -6,23 +6,22 @@ so its next delivery goes straight to parking. Each failed attempt waits longer 
 ``resilience_park_attempts`` failed parks the task gives up where a person sees it: an ERROR
 log line with the task, the ``celery_resilience_unparkable_total`` counter and a Celery FAILURE
 (:class:`~celery_resilience.errors.Unparkable`) in the result backend. Never a silent drop,
-never an endless loop.
+never an endless loop. ``fate.py`` decides which; this module reads and writes the headers.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, NoReturn, cast
+from typing import Any, cast
 
+from .backout.entry import REASONS, Reason
+from .backout.summary import call
 from .errors import Unparkable
-from .parked.entry import REASONS, Reason
 from .redact import get_logger
 
 logger = get_logger("celery_resilience.park")
 #: What a task gave for parking: the exception, or its (type, message) from a kept copy.
 Cause = BaseException | tuple[str, str] | None
-#: A kept copy to publish: its countdown and its headers.
-Copy = tuple[float, dict[str, Any]]
 
 #: Message header: the number of parks that failed for this task so far (absent: none).
 KEPT_HEADER = "resilience_kept"
@@ -62,26 +61,14 @@ def kept_park(request: Any) -> tuple[Reason, str, str] | None:
     return cast(Reason, reason), exc_type, exc_message
 
 
-def next_copy(
-    task: Any,
-    request: Any,
-    reason: Reason,
-    exc: Cause,
-    trouble: BaseException,
-) -> Copy:
-    """The countdown and headers of the next kept copy of a failed park; gives up (raises
-    :class:`Unparkable`) when this was the last attempt."""
-    config = task.runtime.config
-    failed = failed_parks(request) + 1
-    if failed >= config.park_attempts:
-        give_up(task, request, reason, failed, trouble)
-    delay = min(config.keep_delay * 2 ** (failed - 1), config.max_countdown)
+def headers(failed: int, reason: Reason, exc: Cause) -> dict[str, Any]:
+    """The headers of the kept copy after ``failed`` refused parks (``fate.fallback`` decides
+    whether there is one, and its delay)."""
     if isinstance(exc, BaseException):
         error = f"{_qualname(type(exc))}: {exc}"
     else:
         error = ": ".join(exc or ())
-    headers = {KEPT_HEADER: failed, KEPT_REASON_HEADER: reason, KEPT_ERROR_HEADER: error}
-    return delay, headers
+    return {KEPT_HEADER: failed, KEPT_REASON_HEADER: reason, KEPT_ERROR_HEADER: error}
 
 
 def without_kept(headers: Mapping[str, Any]) -> dict[str, Any]:
@@ -90,31 +77,42 @@ def without_kept(headers: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in headers.items() if k not in drop}
 
 
-def give_up(
-    task: Any, request: Any, reason: Reason, failed: int, trouble: BaseException
-) -> NoReturn:
+def give_up(task: Any, request: Any, reason: Reason, failed: int, trouble: BaseException) -> None:
     """Every park attempt failed: an ERROR log line with what a person needs to redo the task,
-    the counter, and a Celery FAILURE (the message is acked: it has nowhere else to go)."""
+    and the counter. The caller ends the delivery with :func:`unparkable` (a Celery FAILURE: the
+    message is acked, it has nowhere else to go)."""
+    shown = call(
+        request.args,
+        request.kwargs,
+        getattr(request, "argsrepr", None),
+        getattr(request, "kwargsrepr", None),
+        task.runtime.config.sensitive_keys,
+    )
     logger.error(
         "Gave up parking %s[%s] after %d failed parks (reason %s, last error %s: %s); "
-        "args=%r kwargs=%r: the task must be redone by hand",
+        "called with (%s): the task must be redone by hand",
         task.name,
         request.id,
         failed,
         reason,
         type(trouble).__name__,
         trouble,
-        request.args,
-        request.kwargs,
+        shown,
     )
     try:
         task.runtime.backout_store.bump({f"unparkable|{task.breaker or '-'}": 1})
     except Exception:  # the store is what failed: the log line above is the record
         logger.debug("Could not count an unparkable task", exc_info=True)
-    raise Unparkable(
-        f"{task.name}[{request.id}] could not be parked after {failed} attempts "
+
+
+def unparkable(
+    task_name: str, task_id: str, reason: Reason, failed: int, trouble: BaseException
+) -> Unparkable:
+    """The FAILURE of a task that gave up parking."""
+    return Unparkable(
+        f"{task_name}[{task_id}] could not be parked after {failed} attempts "
         f"(reason {reason}): {type(trouble).__name__}: {trouble}"
-    ) from trouble
+    )
 
 
 def _qualname(cls: type) -> str:

@@ -4,6 +4,10 @@ The counters live in Redis, kept by the same scripts that change the state, so t
 per-process registry to merge (prefork children would need multiprocess mode otherwise).
 Mount :class:`ResilienceCollector` in an existing exporter, or run
 ``celery -A proj resilience metrics --port 9808``.
+
+A scrape never fails because Redis (or the store) is away: ``celery_resilience_up`` reads 0 and
+what could not be read is left out, so an alert on ``up == 0`` fires instead of the scrape
+turning into an HTTP 500 that looks like a dead exporter.
 """
 
 from __future__ import annotations
@@ -11,25 +15,42 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any, Protocol
 
-from .breaker.breaker import Breaker
+import redis
+
+from .backout.entry import STATUSES
+from .backout.store import NO_BREAKER, BackoutStore, Filter
 from .breaker.types import STATES
-from .parked.entry import STATUSES
-from .parked.store import NO_BREAKER, BackoutStore, Filter
+from .breaker_listing import Listing, listing
+from .drain.status import last_drained
+from .errors import ResilienceError
+from .redact import get_logger
+from .runtime import Runtime
+
+logger = get_logger("celery_resilience.metrics")
 
 
-class Source(Protocol):
-    """What the metrics read: an app's ``Resilience``, or its runtime."""
+class Facade(Protocol):
+    """An app's ``Resilience``: the metrics read its runtime."""
 
     @property
-    def backout_store(self) -> BackoutStore: ...
-
-    def breaker(self, name: str) -> Breaker: ...
-
-    def breaker_names(self) -> list[str]: ...
+    def runtime(self) -> Runtime: ...
 
 
 PREFIX = "celery_resilience"
 _TRANSITIONS = ("opened", "half_opened", "closed")
+
+
+def _tally(store: BackoutStore) -> dict[tuple[str, str], int]:
+    """Entries per (breaker, status) in one read; a store without ``tally`` is asked per
+    breaker."""
+    tally = getattr(store, "tally", None)
+    if tally is not None:
+        return dict(tally())
+    return {
+        (breaker, status): store.count(Filter(breaker, status))
+        for breaker in store.breakers()
+        for status in STATUSES
+    }
 
 
 def _label(breaker: str) -> str:
@@ -39,15 +60,64 @@ def _label(breaker: str) -> str:
 class ResilienceCollector:
     """A ``prometheus_client`` collector over one app's breakers and back-out store."""
 
-    def __init__(self, resilience: Source) -> None:
-        self.resilience = resilience
+    def __init__(self, resilience: Facade | Runtime) -> None:
+        self.runtime = resilience if isinstance(resilience, Runtime) else resilience.runtime
 
     def describe(self) -> list[Any]:
         return []  # computed on scrape; nothing to check at registration
 
     def collect(self) -> Iterator[Any]:
-        """Read breakers and store from Redis and yield the metric families (one scrape)."""
+        """Read breakers and store and yield the metric families (one scrape); a part that
+        can't be read is left out and ``celery_resilience_up`` says 0."""
+        from prometheus_client.core import GaugeMetricFamily
+
+        runtime = self.runtime
+        families: list[Any] = []
+        up = 1.0
+        try:  # part by part: what was read before a failure is served
+            shown = listing(runtime)
+            families += self._breakers(shown)
+            families += self._backout(runtime, shown.names)
+            families += self._ages(runtime)
+        except (ResilienceError, redis.RedisError) as exc:
+            up = 0.0
+            logger.warning("Metrics: %s", exc)
+        gauge = GaugeMetricFamily(
+            f"{PREFIX}_up",
+            "1 when the breakers and the back-out store could be read at this scrape, else 0",
+        )
+        gauge.add_metric([], up)
+        yield gauge
+        yield from families
+
+    def _ages(self, runtime: Runtime) -> list[Any]:
+        """How long the oldest parked task has waited, and when a drain last did its work."""
+        from prometheus_client.core import GaugeMetricFamily
+
+        store = runtime.backout_store
+        found: list[Any] = []
+        oldest_of = getattr(store, "oldest_parked", None)
+        oldest = oldest_of() if oldest_of is not None else None
+        age = GaugeMetricFamily(
+            f"{PREFIX}_oldest_parked_age_seconds",
+            "Seconds the oldest parked task (not dead) has waited in the store; 0 when none",
+        )
+        age.add_metric([], 0.0 if oldest is None else max(0.0, runtime.now() - oldest))
+        found.append(age)
+        drained = GaugeMetricFamily(
+            f"{PREFIX}_last_drain_timestamp_seconds",
+            "When a drain last finished a pass without errors (Unix time); no sample before one",
+        )
+        last = last_drained(runtime)
+        if last is not None:  # never drained: no sample, rather than a 1970 timestamp
+            drained.add_metric([], last)
+        found.append(drained)
+        return found
+
+    def _breakers(self, shown: Listing) -> list[Any]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        runtime = self.runtime
 
         def gauge(name: str, doc: str, labels: list[str]) -> Any:
             return GaugeMetricFamily(f"{PREFIX}_{name}", doc, labels=labels)
@@ -55,7 +125,6 @@ class ResilienceCollector:
         def counter(name: str, doc: str, labels: list[str]) -> Any:
             return CounterMetricFamily(f"{PREFIX}_{name}", doc, labels=labels)
 
-        res = self.resilience
         state = gauge("breaker_state", "1 for the state the breaker is in", ["breaker", "state"])
         window_calls = gauge("breaker_window_calls", "Calls in the sliding window", ["breaker"])
         window_failures = gauge(
@@ -72,8 +141,17 @@ class ResilienceCollector:
         in_flight = gauge(
             "breaker_calls_in_flight", "Calls holding a bulkhead slot, fleet-wide", ["breaker"]
         )
-        for name in res.breaker_names():
-            snap = res.breaker(name).snapshot()
+        derived = gauge(
+            "derived_breakers",
+            "Breakers named at call time, per family: with state, troubled, not shown one by one",
+            ["breaker", "kind"],
+        )
+        for base, family in shown.families.items():
+            derived.add_metric([base, "members"], family.members)
+            derived.add_metric([base, "troubled"], family.troubled)
+            derived.add_metric([base, "hidden"], family.hidden)
+        for name in shown.names:
+            snap = runtime.breaker(name).snapshot()
             for each in STATES:
                 state.add_metric([name, each], 1.0 if snap["state"] == each else 0.0)
             window_calls.add_metric([name], snap["window_calls"])
@@ -88,25 +166,31 @@ class ResilienceCollector:
             rejected.add_metric([name, "breaker_open"], snap["rejected_total"] - full)
             rejected.add_metric([name, "bulkhead_full"], full)
             in_flight.add_metric([name], snap["calls_in_flight"])
-        yield from (state, window_calls, window_failures, consecutive, transitions, calls)
-        yield from (rejected, in_flight)
-        yield from self._backout()
+        gauges = [state, window_calls, window_failures, consecutive, in_flight, derived]
+        return [*gauges, transitions, calls, rejected]
 
-    def _backout(self) -> Iterator[Any]:
+    def _backout(self, runtime: Runtime, shown: list[str]) -> list[Any]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-        store = self.resilience.backout_store
+        store = runtime.backout_store
         entries = GaugeMetricFamily(
             f"{PREFIX}_backout_entries",
             "Entries in the back-out store",
             labels=["breaker", "status"],
         )
-        # Known breakers and "no breaker" too, so that an emptied group reads 0, not "no data".
-        names = store.breakers() | set(self.resilience.breaker_names()) | {NO_BREAKER}
-        for breaker in sorted(names):
-            for status in STATUSES:
-                entries.add_metric([_label(breaker), status], store.count(Filter(breaker, status)))
-        yield entries
+        # Shown breakers and "no breaker" too, so that an emptied group reads 0, not "no data";
+        # the derived breakers not shown are summed under "<base>:*".
+        folded: dict[tuple[str, str], float] = {}
+        for breaker in (*shown, NO_BREAKER):
+            for known in STATUSES:
+                folded[_label(breaker), known] = 0.0
+        for (breaker, which), n in _tally(store).items():
+            base = runtime.config.family_of(breaker)
+            label = _label(breaker) if base is None or breaker in shown else f"{base}:*"
+            folded[label, which] = folded.get((label, which), 0.0) + n
+        for (label, each), number in sorted(folded.items()):
+            entries.add_metric([label, each], number)
+        found: list[Any] = [entries]
         stats = store.stats()
         families = {
             "parked": CounterMetricFamily(
@@ -132,20 +216,29 @@ class ResilienceCollector:
                 labels=["breaker"],
             ),
         }
+        # Counters of derived breakers are summed per family under "<base>:*" (a counter must
+        # not move between labels as breakers come and go among those shown).
+        counted: dict[tuple[str, ...], float] = {}
         for key, value in sorted(stats.items()):
             kind, _, rest = key.partition("|")
             if kind in families and rest:
-                families[kind].add_metric([_label(p) for p in rest.split("|")], value)
-        yield from families.values()
+                labels = [_label(p) for p in rest.split("|")]
+                base = runtime.config.family_of(labels[0])
+                if base is not None:
+                    labels[0] = f"{base}:*"
+                series = (kind, *labels)
+                counted[series] = counted.get(series, 0.0) + value
+        for series, total in counted.items():
+            families[series[0]].add_metric(list(series[1:]), total)
+        found += families.values()
         runs = CounterMetricFamily(f"{PREFIX}_drain_runs", "Drain runs that held the lock")
         runs.add_metric([], stats.get("drain_runs", 0.0))
         seconds = CounterMetricFamily(f"{PREFIX}_drain_seconds", "Time spent draining")
         seconds.add_metric([], stats.get("drain_seconds", 0.0))
-        yield runs
-        yield seconds
+        return [*found, runs, seconds]
 
 
-def serve(resilience: Source, port: int, addr: str = "127.0.0.1") -> Any:
+def serve(resilience: Facade | Runtime, port: int, addr: str = "127.0.0.1") -> Any:
     """Serve ``/metrics`` for this app on ``addr:port`` in a background thread."""
     from prometheus_client import CollectorRegistry, start_http_server
 

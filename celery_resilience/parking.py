@@ -13,6 +13,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from . import turned_away
+from .backout.entry import ParkedTask, Reason
+from .backout.store import EntryStore
 from .headers import (
     REJECTED_HEADER,
     body_digest,
@@ -22,8 +25,6 @@ from .headers import (
     request_header,
 )
 from .kept import Cause, without_kept
-from .parked.entry import ParkedTask, Reason
-from .parked.store import EntryStore
 from .redact import get_logger
 
 logger = get_logger("celery_resilience.park")
@@ -43,8 +44,8 @@ def new_entry(
     retries, replays = request.retries or 0, replays_of(request)
     args, kwargs = request.args or (), request.kwargs or {}
     kept = publish_options(options)
-    if "headers" in kept:  # a replay of an entry parked from a kept copy runs its body again
-        kept["headers"] = without_kept(kept["headers"])
+    if "headers" in kept:  # what told of this delivery only (a kept copy's marks, turn-aways):
+        kept["headers"] = turned_away.forget(without_kept(kept["headers"]))  # a replay is new
     if reason == "breaker_open" and replays > 0:
         # A replay the breaker turned away unrun: it must not use up resilience_max_replays.
         kept["headers"] = {

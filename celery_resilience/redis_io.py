@@ -12,7 +12,8 @@ One of each, shared by the breaker store, the back-out store, the drain lock and
 
 A cluster client is typed as ``redis.Redis``: it answers every command the package sends (each
 script's keys share one hash tag, so one slot); :func:`node_client` and :func:`primaries` give
-the plain clients of its nodes where a command must reach a given one.
+the plain clients of its nodes where a command must reach a given one, :func:`database` the
+database number its commands run in (0 on a cluster).
 """
 
 from __future__ import annotations
@@ -35,18 +36,10 @@ from redis.sentinel import Sentinel
 
 from .config import RedisDeployment
 from .config.deployment import deployment
-from .errors import StoreUnavailable
+from .errors import NotReplicated, StoreUnavailable
 
 #: The shared prelude a script folder may hold, loaded before each of its scripts.
 PRELUDE = "_common.lua"
-
-
-class NotReplicated(StoreUnavailable):
-    """Fewer replicas than asked held a write in time; ``reply`` is the script's own reply."""
-
-    def __init__(self, message: str, reply: Any) -> None:
-        super().__init__(message)
-        self.reply = reply
 
 
 def make_client(where: RedisDeployment | str, timeout: float, retry: bool = True) -> redis.Redis:
@@ -156,8 +149,11 @@ class LazyCluster:
         return getattr(self.cluster, name)
 
 
-def is_cluster(client: Any) -> bool:
-    return isinstance(client, LazyCluster)
+def database(client: redis.Redis) -> int:
+    """The database number the client's commands run in (a cluster has only 0)."""
+    if isinstance(client, LazyCluster):
+        return 0
+    return int(client.get_connection_kwargs().get("db") or 0)
 
 
 def node_client(client: redis.Redis, key: str) -> redis.Redis:

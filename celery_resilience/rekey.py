@@ -14,10 +14,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .parked.codec import Codec
-from .parked.entry import UndecodableEntry
-from .parked.store import BackoutStore
-from .parked.trust import UNSIGNED, Untrusted
+from .backout.codec import Codec
+from .backout.store import BackoutStore
+from .backout.trust import UNSIGNED, Untrusted
+from .errors import UndecodableEntry
 from .redact import get_logger
 
 logger = get_logger("celery_resilience.rekey")

@@ -1,8 +1,9 @@
 """The per-app runtime: settings, connections, breakers, stores, the delivery guard and the clock.
 
-One :class:`Runtime` per Celery app, made on first use (settings validated then). Everything the
-package does goes through it; :class:`~celery_resilience.Resilience` is the public facade on top
-that adds the use cases (drain, replay, the back-out view, the beat entry).
+One :class:`Runtime` per Celery app, made on first use (settings validated then) and kept in the
+package's one registry, below. Everything the package does goes through it;
+:class:`~celery_resilience.Resilience` is the public facade on top: it holds nothing but a
+runtime, and offers the public contract (breakers, the back-out store, drain, replay).
 
 Connections are made lazily and again in every process: after a fork (prefork pool children)
 nothing opened by the parent is used, since a shared socket would interleave replies.
@@ -10,33 +11,38 @@ nothing opened by the parent is used, since a shared socket would interleave rep
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
 import weakref
+from collections import OrderedDict
 from typing import Any, cast
 
 import redis
 
+from .backout.codec import Codec
+from .backout.memory import MemoryBackoutStore
+from .backout.redis import BackoutKeys, RedisBackoutStore
+from .backout.store import BackoutStore, counter_scope
 from .breaker.breaker import Breaker, TransitionListener
 from .breaker.health import RedisHealth
+from .breaker.knowledge import Knowledge
 from .breaker.memory import MemoryBreakerStore
 from .breaker.permit import Admission
 from .breaker.redis import RedisBreakerStore
 from .breaker.store import BreakerStore, Delivery, DeliveryGuard
-from .breaker.views import Views
-from .config import ResilienceConfig, backout_store_factory
+from .config import ResilienceConfig, backout_store_factory, derived_name
 from .errors import StoreUnavailable
 from .events import send_breaker_event
-from .parked.codec import Codec
-from .parked.memory import MemoryBackoutStore
-from .parked.redis import BackoutKeys, RedisBackoutStore
-from .parked.store import BackoutStore
 from .redact import get_logger
 from .redis_io import make_client, redis_time
 from .trouble import TroubleLog
 
 logger = get_logger("celery_resilience")
+#: Derived breakers a process keeps made (a webhook sender calls thousands of hosts).
+DERIVED_KEPT = 1024
+#: The registry: each app's one runtime (an app that is collected takes its runtime along).
 _runtimes: weakref.WeakKeyDictionary[Any, Runtime] = weakref.WeakKeyDictionary()
 _runtimes_lock = threading.Lock()
 
@@ -49,6 +55,8 @@ def installed(app: Any) -> Runtime | None:
 
 def install(app: Any, runtime: Runtime) -> None:
     """Use ``runtime`` for ``app`` from now on (tests, or a custom store)."""
+    if runtime.app is not app:
+        raise ValueError(f"this runtime was made for {runtime.app!r}, not for {app!r}")
     with _runtimes_lock:
         _runtimes[app] = runtime
 
@@ -88,12 +96,15 @@ class Runtime:
         self._fixed_backout = backout
         self._backout: BackoutStore | None = None
         self._breakers: dict[str, Breaker] = {}
+        #: Derived breakers, the most recently made last (they hold nothing a process must keep:
+        #: what it knows of them is its family's, in ``knowledge``).
+        self._derived: OrderedDict[str, Breaker] = OrderedDict()
         self._lock = threading.Lock()
         self._pid = -1
         self._client: redis.Redis | None = None
         self._breaker_store: BreakerStore | None = None
         #: What this process knows of the breakers between round trips (one watch for all).
-        self.views = Views(lambda: self.breaker_store)
+        self.knowledge = Knowledge(lambda: self.breaker_store, self.config.family_of)
 
     @classmethod
     def for_app(cls, app: Any) -> Runtime:
@@ -126,12 +137,15 @@ class Runtime:
                     codec=Codec.of(config),
                 )
                 self._fixed_breaker_store, self._fixed_backout = self._breaker_store, self._backout
+                self._scope_counters()
                 self._pid = os.getpid()
                 return
             where = config.redis_deployment  # one server, Sentinel's primary, or a Cluster
             self._client = make_client(where, config.redis_timeout)
             self._breaker_store = self._fixed_breaker_store or RedisBreakerStore(
-                make_client(where, config.redis_timeout, retry=False), config.key_prefix
+                make_client(where, config.redis_timeout, retry=False),
+                config.key_prefix,
+                config.family_of,
             )
             self._backout = (
                 self._fixed_backout
@@ -147,7 +161,14 @@ class Runtime:
                     replicas_timeout=config.redis_timeout / 2,
                 )
             )
+            self._scope_counters()
             self._pid = os.getpid()
+
+    def _scope_counters(self) -> None:
+        # The store's counters name breakers named at call time by their base (a store of
+        # another kind may not know of them: it counts per name).
+        if self._backout is not None and hasattr(self._backout, "family_of"):
+            self._backout.family_of = self.config.family_of
 
     def _custom_backout(self) -> BackoutStore | None:
         """The store named by ``resilience_backout_store`` when it is not Redis."""
@@ -163,7 +184,7 @@ class Runtime:
 
     def close(self) -> None:
         """Stop watching the breakers and close this process's connections (tests, shutdown)."""
-        self.views.close()
+        self.knowledge.close()
         with self._lock:
             for client in (self._client, getattr(self._breaker_store, "client", None)):
                 if client is not None:
@@ -202,12 +223,19 @@ class Runtime:
         return self._backout
 
     # -- breakers ---------------------------------------------------------------------------
-    def breaker(self, name: str) -> Breaker:
-        """The shared breaker ``name`` (settings from ``resilience_breakers`` or the defaults)."""
-        breaker = self._breakers.get(name)
+    def breaker(self, name: str, key: str | None = None) -> Breaker:
+        """The shared breaker ``name`` (settings from ``resilience_breakers`` or the defaults);
+        with ``key``, the breaker ``<name>:<key>`` derived from the declared breaker ``name``."""
+        if key is not None:
+            name = derived_name(self.config.breakers, name, key)
+        breaker = self._breakers.get(name) or self._derived.get(name)
+        if breaker is not None and breaker.base is not None:
+            with contextlib.suppress(KeyError):  # another thread may have let it go meanwhile
+                self._derived.move_to_end(name)  # kept: called lately
         if breaker is None:
+            base = self.config.family_of(name)
             with self._lock:
-                breaker = self._breakers.get(name)
+                breaker = self._breakers.get(name) or self._derived.get(name)
                 if breaker is None:
                     breaker = Breaker(
                         name,
@@ -215,15 +243,33 @@ class Runtime:
                         lambda: self.breaker_store,
                         self.health,
                         self.transition_listeners,
-                        self.views,
+                        self.knowledge,
+                        base=base,
                     )
-                    self._breakers[name] = breaker
+                    if base is None:
+                        self._breakers[name] = breaker
+                    else:  # named at call time: the process keeps the ones called lately
+                        self._derived[name] = breaker
+                        if len(self._derived) > DERIVED_KEPT:
+                            self._derived.popitem(last=False)
         return breaker
 
     def flush(self) -> None:
-        """Send every breaker's deferred successes now (worker shutdown)."""
+        """Send every breaker's deferred successes now (worker shutdown), the ones held back on
+        derived breakers with their family's refresh."""
         for breaker in list(self._breakers.values()):
             breaker.flush()
+        for base in self.knowledge.families_holding_successes():
+            self.refresh_family(base)
+
+    def refresh_family(self, base: str) -> None:
+        """Ask Redis how the family of derived breakers of ``base`` is (``knowledge.py``)."""
+        idle_us = round(self.config.breakers[base].idle_timeout * 1_000_000)
+        try:
+            self.knowledge.refresh_family(base, idle_us)
+        except redis.RedisError as exc:
+            self.knowledge.forget()
+            self.health.failed(base, exc)
 
     def breaker_names(self) -> list[str]:
         """Configured breakers and every breaker that has state in the store."""
@@ -263,7 +309,8 @@ class Runtime:
     def count_retry(self, breaker: str | None) -> None:
         """Count a scheduled retry for metrics (the retry path publishes anyway: not hot)."""
         try:
-            self.backout_store.bump({f"retries|{breaker or '-'}": 1})
+            scope = counter_scope(breaker, self.config.family_of) if breaker else "-"
+            self.backout_store.bump({f"retries|{scope}": 1})
         except Exception:  # a metric must never stop a retry
             logger.debug("Could not count a retry", exc_info=True)
 

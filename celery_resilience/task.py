@@ -1,10 +1,11 @@
 """``ResilientTask``: the base class an app adopts, with ``base=ResilientTask``.
 
 Each delivery: admission (the breaker's permit, the delivery count, the dedup check) -> the body,
-with nothing held -> the outcome classified: success; ``retry_on`` (a breaker failure, retried
-through ``apply_async(countdown=...)`` with the backoff's jittered delay, or parked when retries
-run out or the delay is longer than the broker holds safely); ``park_on`` (parked); any other
-exception (the task's own FAILURE, not counted by the breaker).
+with nothing held -> success, or the outcome classified and settled with the breaker: ``retry_on``
+(a breaker failure), ``park_on``, the body's own retry, any other exception (the task's own
+FAILURE, not counted by the breaker). Whatever did not succeed gets a fate, decided as a value
+(``fate.py``: retry with the backoff's jittered delay, park, keep, fail) and carried out
+(``carry_out.py``); this class only ends the call the way Celery reads that fate.
 
 No path of the package's own ends in an ack that loses the message: when admission, the store
 or the retry's publish fails, the message is kept in the broker (published again, same id, in
@@ -13,21 +14,24 @@ or the retry's publish fails, the message is kept in the broker (published again
 
 from __future__ import annotations
 
+import sys
 import time
+import types
 from typing import Any, NoReturn
 
 from celery import Task
-from celery.exceptions import Ignore, Reject, Retry, SoftTimeLimitExceeded
+from celery.exceptions import Ignore, Reject, Retry
 
-from . import body_retry, dedup, kept, parking
+from . import body_retry, dedup, ending, fate, kept, parking, turned_away
 from .backoff import BackoffStrategy, Exponential
+from .backout.entry import ParkedTask
 from .breaker.permit import Admission
 from .breaker.store import Delivery
-from .config import exception_types
-from .errors import BreakerOpen, BulkheadFull, ConfigurationError
+from .breaker_key import KeyOption, breaker_of
+from .carry_out import carry_out
+from .config import exception_types, task_options
 from .events import send_task_parked
 from .headers import REDELIVERED_HEADER, new_message_headers, redelivered, replays_of
-from .parked.entry import ParkedTask, Reason
 from .redact import get_logger
 from .runtime import Runtime
 from .settle import settle as _settle
@@ -35,7 +39,6 @@ from .signals import task_parked
 
 logger = get_logger("celery_resilience.task")
 
-ON_OPEN = ("park", "retry")
 #: The admission of a task without a breaker and without delivery questions.
 _NOTHING_ASKED = Admission(None, None)
 PARKED = "PARKED"
@@ -53,6 +56,9 @@ class ResilientTask(Task):  # type: ignore[misc]
 
     #: Name of the shared breaker this task calls through; ``None``: no breaker.
     breaker: str | None = None
+    #: A breaker per destination: the key of ``<breaker>:<key>``, a template of the arguments
+    #: (``"{host}"``) or a callable given them (``breaker_key.py``).
+    breaker_key: KeyOption = None
     #: Transient exceptions: counted as breaker failures and retried with backoff.
     retry_on: tuple[type[BaseException], ...] = ()
     #: Exceptions that park the task at once (no retry).
@@ -76,21 +82,10 @@ class ResilientTask(Task):  # type: ignore[misc]
         name = cls.__dict__.get("name") or cls.__qualname__
         cls.retry_on = exception_types(name, "retry_on", cls.retry_on)
         cls.park_on = exception_types(name, "park_on", cls.park_on)
-        if cls.on_open not in ON_OPEN:
-            raise ConfigurationError(
-                f"{name}.on_open must be 'park' or 'retry', got {cls.on_open!r}"
-            )
-        if not callable(cls.backoff):
-            raise ConfigurationError(
-                f"{name}.backoff must be a backoff strategy, got {cls.backoff!r}"
-            )
-        retries = cls.max_retries
-        if retries is not None and (
-            isinstance(retries, bool) or not isinstance(retries, int) or retries < 0
-        ):
-            raise ConfigurationError(f"{name}.max_retries must be an integer >= 0, got {retries!r}")
-        if cls.breaker is not None and not isinstance(cls.breaker, str):
-            raise ConfigurationError(f"{name}.breaker must be a breaker name, got {cls.breaker!r}")
+        for option in ("backoff", "breaker_key"):  # a plain function takes no self
+            if isinstance(cls.__dict__.get(option), types.FunctionType):
+                setattr(cls, option, staticmethod(cls.__dict__[option]))
+        task_options(name, cls.on_open, cls.backoff, cls.max_retries, cls.breaker, cls.breaker_key)
 
     @property
     def runtime(self) -> Runtime:
@@ -104,17 +99,14 @@ class ResilientTask(Task):  # type: ignore[misc]
         if request.called_directly or request._protected:
             return super().__call__(*args, **kwargs)
         if parking_kept := kept.kept_park(request):  # a park failed: park again, body not run
-            self._park(parking_kept[0], parking_kept[1:], request)
+            self._end(request, ending.KeptCopy(parking_kept[0], parking_kept[1:]))
         try:
             admission = self._admit(request)
         except Exception as exc:  # our own machinery failed before the body ran
             logger.exception("Admission of %s[%s] failed", self.name, request.id)
-            self._keep(request, exc)
-        if admission.skip:
-            dedup.skipped(self, request, admission)  # done: skipped; claimed: waits its turn
-            self._park("redelivered", None, request)
-        if admission.rejected is not None:
-            self._rejected(admission.rejected, request)
+            self._end(request, ending.AdmissionFailed(exc))
+        if (turned_down := ending.turned_down(admission)) is not None:
+            self._end(request, turned_down)
 
         permit = admission.permit
         # Celery's mark that the delivery's own call was made: a worker's Task.__call__ skips
@@ -124,28 +116,12 @@ class ResilientTask(Task):  # type: ignore[misc]
         try:
             with dedup.given_back_unless_done(self, request, admission.claim):
                 result = self.run(*args, **kwargs)
-        except body_retry.BodyRetry as wish:  # the body's self.retry() / autoretry_for
-            _settle(permit, wish.outcome(self.retry_on))
-            self._retry_or_park(wish.exc, request, wish.countdown, wish.max_retries)
-        except (Retry, Ignore, Reject):  # the body's own retry(), Ignore or Reject: Celery's
-            _settle(permit, "success")
-            raise
-        except self.park_on as exc:
-            # The dependency answered "not now": it is up, so a probe counts as a success.
-            _settle(permit, "success")
-            due_in = self.runtime.config.park_on_due_in(replays_of(request))
-            self._park("park_on", exc, request, due_in=due_in)
-        except self.retry_on as exc:
-            _settle(permit, "failure")
-            self._retry_or_park(exc, request)
-        except SoftTimeLimitExceeded as exc:  # the dependency hangs: a slow call, retried
-            _settle(permit, "failure")
-            self._retry_or_park(exc, request)
-        except Exception:
-            # The task's own failure (a bug, bad input): the dependency was not judged. A probe
-            # is released, so the next call probes at once instead of after the lease.
-            _settle(permit, "release")
-            raise
+        except BaseException as exc:
+            ended = ending.body_ended(exc, self.retry_on, self.park_on)
+            if ended is None:  # SystemExit and the like: not ours to judge
+                raise
+            _settle(permit, ended.outcome)
+            self._end(request, ended)
         _settle(permit, "success")
         if self.deduplicate:
             try:
@@ -153,6 +129,45 @@ class ResilientTask(Task):  # type: ignore[misc]
             except Exception:  # the work is done: bookkeeping must not turn it into a failure
                 logger.exception("Could not mark %s[%s] done", self.name, request.id)
         return result
+
+    def _end(self, request: Any, ended: ending.Ending) -> NoReturn:
+        """The delivery did not succeed: its fate decided (``fate.py``), carried out
+        (``carry_out.py``), and the call ended as Celery reads the fate that held."""
+        held = self._carry_out(request, ended)
+        match held:
+            case fate.Retry(countdown, _, cause, _, eager=True):
+                raise self.retry(exc=cause, countdown=countdown, max_retries=None)
+            case fate.Retry(countdown, _, cause):
+                raise Retry(exc=cause, when=countdown)
+            case fate.Keep(delay, trouble):
+                raise Retry(exc=trouble, when=delay)
+            case fate.Park() | fate.Wait() | fate.Skip():
+                raise Ignore()  # acked only now: the entry is stored, the copy published
+            case fate.Requeue(trouble, cause):
+                time.sleep(REQUEUE_PAUSE)
+                # Requeued, or left unacked if the broker can't even take that: never dropped.
+                raise Reject(trouble, requeue=True) from cause
+            case fate.GiveUp(reason, failed, trouble):
+                raise kept.unparkable(self.name, request.id, reason, failed, trouble) from trouble
+            case fate.Fail(exc):
+                if exc is sys.exc_info()[1]:  # called in the body's except: its traceback untouched
+                    raise  # noqa: PLE0704
+                raise exc
+        raise AssertionError(f"no ending for {held!r}")
+
+    def _carry_out(self, request: Any, ended: ending.Ending) -> fate.Fate:
+        """The fate decided and carried out; requeued when even deciding fails (a broken
+        runtime): the message stays in the broker."""
+        try:
+            delivery = fate.Delivery.of(request)
+            config = self.runtime.config
+            decided = fate.decide(ended, delivery, fate.Options.of(self), config)
+        except Exception as trouble:
+            if request.is_eager:
+                raise
+            logger.exception("Could not decide the fate of %s[%s]: requeued", self.name, request.id)
+            return fate.Requeue(trouble, trouble)
+        return carry_out(self, request, decided, delivery, config)
 
     # -- steps ------------------------------------------------------------------------------
     def retry(self, *args: Any, **kwargs: Any) -> Any:
@@ -166,7 +181,7 @@ class ResilientTask(Task):  # type: ignore[misc]
         if not count and not self.deduplicate:  # the common case: the breaker alone
             if self.breaker is None:
                 return _NOTHING_ASKED
-            return runtime.breaker(self.breaker).admit()
+            return runtime.breaker(breaker_of(self, request) or self.breaker).admit()
         config = runtime.config
         delivery = Delivery(
             task_id=request.id,
@@ -179,79 +194,8 @@ class ResilientTask(Task):  # type: ignore[misc]
             **dedup.claim_of(self, request, config),  # an admitted delivery claims its task id
         )
         if self.breaker is not None:
-            return runtime.breaker(self.breaker).admit(delivery)
+            return runtime.breaker(breaker_of(self, request) or self.breaker).admit(delivery)
         return runtime.deliver(None, delivery)
-
-    def _rejected(self, rejected: BreakerOpen, request: Any) -> NoReturn:
-        waits = isinstance(rejected, BulkheadFull) and not request.is_eager  # busy, not down
-        if self.on_open == "retry" or waits:
-            self._retry_or_park(rejected, request, rejected.retry_after, spent=int(not waits))
-        self._park("breaker_open", rejected, request)
-
-    def _retry_or_park(
-        self,
-        exc: BaseException | None,
-        request: Any,
-        delay: float | None = None,
-        max_retries: int | None = None,  # the body's own retry(max_retries=...)
-        spent: int = 1,  # 0: turned away unrun by a full bulkhead, no attempt used
-    ) -> NoReturn:
-        retries = request.retries or 0
-        limit = self.max_retries if max_retries is None else max_retries
-        if spent and limit is not None and retries >= limit:
-            reason: Reason = "breaker_open" if isinstance(exc, BreakerOpen) else "retries_exhausted"
-            self._park(reason, exc, request, due_in=self.backoff(retries))
-        countdown = self.backoff(retries) if delay is None else delay
-        if countdown > self.runtime.config.max_countdown:
-            # kombu redelivers ETA messages held past the visibility timeout: park instead.
-            self._park("delay_too_long", exc, request, due_in=countdown)
-        logger.info(
-            "Task %s[%s] retry %d/%s in %.2fs: %r",
-            self.name,
-            request.id,
-            retries + spent,
-            self.max_retries,
-            countdown,
-            exc,
-        )
-        if request.is_eager:  # Celery runs an eager retry at once, in apply(): nothing to publish
-            raise self.retry(exc=exc, countdown=countdown, max_retries=None)
-        try:
-            # Published here, not through Task.retry: Celery turns a failed publish there into
-            # Reject(requeue=False), and with acks_late the message would be gone.
-            self._send_again(request, countdown, retries + spent)
-        except Exception as publish_error:
-            self.runtime.retry_trouble.failed(
-                publish_error,
-                "Could not publish the retry of %s[%s]; parked until it was due",
-                self.name,
-                request.id,
-            )
-            self._park("delay_too_long", exc, request, due_in=countdown)
-        self.runtime.retry_trouble.ok()
-        self.runtime.count_retry(self.breaker)
-        raise Retry(exc=exc, when=countdown)
-
-    def _park(self, reason: Reason, exc: kept.Cause, request: Any, due_in: float = 0.0) -> NoReturn:
-        try:
-            runtime = self.runtime
-            options = self.signature_from_request(request).options
-            entry = parking.new_entry(
-                self.name, request, options, self.breaker, reason, exc, runtime.now(), due_in
-            )
-            parking.store(runtime.backout_store, entry)
-        except Exception as trouble:  # whatever the store answered: the message must stay
-            self.runtime.park_trouble.failed(
-                trouble,
-                "Could not park %s[%s] (%s); kept in the broker",
-                self.name,
-                request.id,
-                reason,
-            )
-            self._keep(request, trouble, kept.next_copy(self, request, reason, exc, trouble))
-        self.runtime.park_trouble.ok()
-        self._announce_parked(entry, request)
-        raise Ignore()  # the message is acked only now, after the entry is stored
 
     def _announce_parked(self, entry: ParkedTask, request: Any) -> None:
         """The Celery side of a park: PARKED state, ``task-parked`` event, ``task_parked``."""
@@ -263,34 +207,13 @@ class ResilientTask(Task):  # type: ignore[misc]
         send_task_parked(self, entry)
         task_parked.send(sender=self, entry=entry, request=request)
 
-    def _keep(self, request: Any, trouble: Exception, copy: kept.Copy | None = None) -> NoReturn:
-        """Our side failed (admission, the store): the message stays in the broker. A ``copy``
-        kept for a park (``kept.py``: its countdown, headers) parks without running the body."""
-        if request.is_eager:
-            raise trouble  # no broker to wait in: the caller sees the error
-        try:
-            delay, headers = copy or (self.runtime.config.keep_delay, {})
-            self._send_again(request, delay, request.retries or 0, headers)
-        except Exception as publish_error:
-            logger.error(
-                "Could not keep %s[%s] in the broker either (%s: %s): requeued",
-                self.name,
-                request.id,
-                type(publish_error).__name__,
-                publish_error,
-            )
-            time.sleep(REQUEUE_PAUSE)
-            # Requeued, or left unacked if the broker can't even take that: never dropped.
-            raise Reject(publish_error, requeue=True) from trouble
-        raise Retry(exc=trouble, when=delay)
-
     def _send_again(self, request: Any, countdown: float, retries: int, extra: Any = None) -> None:
-        """Publish this delivery again, same task id, in ``countdown`` seconds (``extra``
-        headers: a kept copy's)."""
+        """Publish this delivery again, same task id, in ``countdown`` s (``extra``: headers)."""
         signature = self.signature_from_request(request, countdown=countdown, retries=retries)
         options = signature.options  # a new message is no redelivery
         options.pop(REDELIVERED_HEADER, None)  # from delivery_info
-        fresh = kept.without_kept(new_message_headers(options.get("headers")))  # none of a copy's
+        # none of a kept copy's headers, nor the count of turn-aways in a row
+        fresh = turned_away.forget(kept.without_kept(new_message_headers(options.get("headers"))))
         options["headers"] = {**fresh, **(extra or {})}
         signature.apply_async()
 

@@ -4,9 +4,10 @@ Celery kills a pool child whose task ran past ``time_limit`` and handles the end
 main process (``Request.on_failure`` with ``TimeLimitExceeded``, then ``Request.on_timeout``):
 it marks FAILURE and, with ``acks_late``, acks the message. ``ResilientTask`` names
 :class:`ResilientRequest` as its ``Request`` class, so there instead the package counts a breaker
-failure (the dependency hung) and takes its retry path from the main process: published again
-(same id, ``retries + 1``, the task's backoff), or parked when retries run out or the publish
-fails (reasons ``retries_exhausted`` / ``delay_too_long``, ``exc_type``
+failure (the dependency hung) and gives the delivery the fate of a call that hung (``fate.py``,
+carried out by ``carry_out.py`` from the main process): published again (same id,
+``retries + 1``, the task's backoff), or parked when retries run out or the publish fails
+(reasons ``retries_exhausted`` / ``delay_too_long``, ``exc_type``
 ``billiard.exceptions.TimeLimitExceeded``); when the park fails, a kept copy (``kept.py``) or, if
 the broker refuses even that, a requeue. The message is acked only after one of these held.
 
@@ -22,10 +23,10 @@ from celery.exceptions import TimeLimitExceeded
 from celery.worker import state
 from celery.worker.request import Request
 
-from . import kept, parking
+from . import ending, fate
 from .breaker.permit import Permit
-from .errors import Unparkable
-from .parked.entry import Reason
+from .breaker_key import breaker_of
+from .carry_out import carry_out
 from .redact import get_logger
 
 logger = get_logger("celery_resilience.task")
@@ -61,16 +62,11 @@ class ResilientRequest(Request):  # type: ignore[misc]
         task, request = self.task, self._context
         exc = TimeLimitExceeded(timeout)
         logger.error("Hard time limit (%ss) exceeded for %s[%s]", timeout, task.name, self.id)
-        record_failure(task)
+        record_failure(task, request)
         task.request_stack.push(request)  # events and state updates name this task
         try:
-            outcome = retry_or_park(task, request, exc)
-        except Unparkable:  # every park failed: logged at ERROR; Celery's FAILURE and ack
-            task.request_stack.pop()
-            super().on_timeout(False, timeout)
-            return
+            held = _retry_or_park(task, request, exc)
         except Exception as trouble:  # nothing stored, nothing published: the broker keeps it
-            task.request_stack.pop()
             logger.error(
                 "Could not retry, park or keep %s[%s] after its time limit (%s: %s): requeued",
                 task.name,
@@ -78,16 +74,30 @@ class ResilientRequest(Request):  # type: ignore[misc]
                 type(trouble).__name__,
                 trouble,
             )
-            self.reject(requeue=True)
-            return
-        task.request_stack.pop()
-        logger.warning("Task %s[%s] %s after its hard time limit", task.name, self.id, outcome)
-        if outcome.startswith("retried"):  # what Celery's own retry tells Flower
-            self.send_event("task-retried", exception=repr(exc), traceback="")
+            held = None
+        finally:
+            task.request_stack.pop()
+        match held:
+            case fate.GiveUp():  # every park failed: logged at ERROR; Celery's FAILURE and ack
+                super().on_timeout(False, timeout)
+                return
+            case fate.Requeue() | None:  # nothing could be published: requeued, never dropped
+                self.reject(requeue=True)
+                return
+            case fate.Retry(countdown):  # what Celery's own retry tells Flower
+                done = f"retried in {countdown:.2f}s"
+                self.send_event("task-retried", exception=repr(exc), traceback="")
+            case fate.Keep(delay):
+                done = f"kept (park failed, again in {delay:.2f}s)"
+            case fate.Park(reason):
+                done = f"parked ({reason})"
+            case _:
+                raise AssertionError(f"a time limit cannot end as {held!r}")
+        logger.warning("Task %s[%s] %s after its hard time limit", task.name, self.id, done)
         self.acknowledge()
 
 
-def record_failure(task: Any) -> None:
+def record_failure(task: Any, request: Any) -> None:
     """A breaker failure for the call the kill ended (its permit died with the pool child).
 
     Counted as a normal call: a killed half-open probe's slot comes back when its lease ends
@@ -95,48 +105,14 @@ def record_failure(task: Any) -> None:
     if task.breaker is None:
         return
     try:
-        Permit(task.runtime.breaker(task.breaker), "normal").failure()
+        Permit(task.runtime.breaker(breaker_of(task, request)), "normal").failure()
     except Exception:  # bookkeeping never changes the task's fate
-        logger.exception("Could not record the time limit of %s as a failure", task.breaker)
+        logger.exception("Could not record the time limit of %s as a failure", task.name)
 
 
-def retry_or_park(task: Any, request: Any, exc: BaseException) -> str:
-    """``ResilientTask._retry_or_park`` without raising (we are not inside the task's call)."""
-    runtime = task.runtime
-    retries = request.retries or 0
-    if task.max_retries is not None and retries >= task.max_retries:
-        return park(task, request, "retries_exhausted", exc, task.backoff(retries))
-    countdown = task.backoff(retries)
-    if countdown > runtime.config.max_countdown:
-        return park(task, request, "delay_too_long", exc, countdown)
-    try:
-        task._send_again(request, countdown, retries + 1)
-    except Exception as publish_error:
-        runtime.retry_trouble.failed(
-            publish_error, "Could not publish the retry of %s[%s]", task.name, request.id
-        )
-        return park(task, request, "delay_too_long", exc, countdown)
-    runtime.retry_trouble.ok()
-    runtime.count_retry(task.breaker)
-    return f"retried in {countdown:.2f}s"
-
-
-def park(task: Any, request: Any, reason: Reason, exc: BaseException, due_in: float) -> str:
-    """Park, or keep a copy that parks later; raises only when neither could be done."""
-    runtime = task.runtime
-    try:
-        options = task.signature_from_request(request).options
-        entry = parking.new_entry(
-            task.name, request, options, task.breaker, reason, exc, runtime.now(), due_in
-        )
-        parking.store(runtime.backout_store, entry)
-    except Exception as trouble:
-        runtime.park_trouble.failed(
-            trouble, "Could not park %s[%s] (%s); kept", task.name, request.id, reason
-        )
-        delay, headers = kept.next_copy(task, request, reason, exc, trouble)
-        task._send_again(request, delay, request.retries or 0, headers)
-        return f"kept (park failed, again in {delay:.2f}s)"
-    runtime.park_trouble.ok()
-    task._announce_parked(entry, request)
-    return f"parked ({reason})"
+def _retry_or_park(task: Any, request: Any, exc: BaseException) -> fate.Fate:
+    """The task's own fate for a call that hung (``fate.Transient``), carried out from here."""
+    delivery = fate.Delivery.of(request)
+    config = task.runtime.config
+    decided = fate.decide(ending.Transient(exc), delivery, fate.Options.of(task), config)
+    return carry_out(task, request, decided, delivery, config)

@@ -34,7 +34,11 @@ exclude_patterns = ["_build"]
 templates_path: list[str] = []
 html_static_path: list[str] = []
 
-pygments_style = "sphinx"
+# Furo's own pair (it ships them through accessible-pygments): grey code blocks that sit in its
+# neutral palette, colours checked for contrast, and a dark style for its dark mode. Sphinx's
+# classic "sphinx" style painted every block pale green.
+pygments_style = "a11y-light"
+pygments_dark_style = "a11y-dark"
 highlight_language = "default"
 
 html_theme = "furo"

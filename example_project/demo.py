@@ -16,6 +16,9 @@ charged, retrying, parked, and the shared breaker's state. It waits until every 
 exactly once, parked (safe in the back-out store), lost, and charged twice. Exit status 0 when
 nothing was lost and nothing was charged twice. Every process it started is stopped by its PID,
 also on Ctrl-C or an error, and the temporary directory is removed.
+
+With ``--serve`` the shop stays up after the story, with Flower and the admin, and orders parked
+to explore, until Ctrl-C (``serve.py``).
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ from decimal import Decimal
 from pathlib import Path
 from typing import IO, Any
 from urllib.request import Request, urlopen
+
+from example_project import serve
 
 HERE = Path(__file__).resolve().parent
 BREAKER = "payments"
@@ -321,6 +326,9 @@ def run(args: argparse.Namespace, procs: Processes, workdir: Path) -> int:
         [*celery, "beat", "--loglevel", "INFO", "--schedule", str(workdir / "beat-schedule")],
         env,
     )
+    flower_url = ""
+    if args.serve:  # started now, Flower sees the whole story
+        flower_url = serve.start_flower(procs, env, free_port())
     wait_for_worker(app, hostname, worker, procs)
     say(
         f"Worker (prefork, 2 children) and beat are up after {time.monotonic() - started:.1f}s. "
@@ -334,7 +342,22 @@ def run(args: argparse.Namespace, procs: Processes, workdir: Path) -> int:
     if not ok:
         for name in ("worker", "beat"):
             say(f"\n-- last lines of the {name} log --\n{procs.log_tail(name)}")
+    if args.serve:
+        stay_up(app, procs, env, flower_url)
     return 0 if ok else 1
+
+
+def stay_up(app: Any, procs: Processes, env: dict[str, str], flower_url: str) -> None:
+    """``--serve``: the admin joins, orders are parked to explore, all runs until Ctrl-C."""
+    services = serve.Services(flower_url=flower_url)
+    services.admin_url = serve.start_admin(procs, env, free_port())
+    services.password = serve.create_superuser()
+    rng = random.Random()
+    ids = serve.park_orders(app, lambda count: submit(app, count, rng), serve.PARKED_TO_EXPLORE)
+    serve.wait_until_it_answers(procs, "admin", f"{services.admin_url}/admin/login/")
+    serve.wait_until_it_answers(procs, "flower", f"{flower_url}/healthcheck")
+    serve.print_services(services, env, ids, HERE)
+    serve.serve_until_interrupted(procs)
 
 
 HEADER = (
@@ -425,7 +448,7 @@ def settle_ledger(watch: Watch, elapsed: float) -> dict[str, Any]:
     charged = {i for i in ids if charges.get(i, 0) >= 1}
     parked = [i for i in ids if i not in charged and i in in_store]
     lost = [i for i in ids if i not in charged and i not in in_store]
-    stats = watch.resilience.backout_store.stats()
+    stats = watch.resilience.runtime.backout_store.stats()
     reasons = Counter(
         {k.split("|")[2]: int(v) for k, v in stats.items() if k.startswith(f"parked|{BREAKER}|")}
     )
@@ -509,6 +532,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--interval", type=float, default=0.5, help="seconds between lines")
     parser.add_argument("--seed", type=int, default=None, help="amounts' random seed")
     parser.add_argument("--keep", action="store_true", help="keep the logs and the database")
+    parser.add_argument(
+        "--serve",
+        action="store_true",
+        help="after the story, keep the shop, worker, beat, the admin (with a login it prints) "
+        "and Flower running, with parked orders to explore, until Ctrl-C",
+    )
     args = parser.parse_args(argv)
     args.prefix = f"celery-resilience-demo-{uuid.uuid4().hex[:8]}"
     return args

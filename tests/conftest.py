@@ -17,7 +17,7 @@ import redis
 
 from celery_resilience.contrib.pytest import delete_prefix
 
-pytest_plugins = ("pytester",)
+pytest_plugins = ("pytester", "tests.support.kinds")
 
 REDIS_URL = os.environ.get("RESILIENCE_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
 
@@ -37,8 +37,9 @@ def redis_url() -> str:
 
 @pytest.fixture(scope="session")
 def built_docs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The HTML docs, built once per session with warnings as errors (``tests/docs_build.py``)."""
-    from tests.docs_build import build_docs
+    """The HTML docs, built once per session with warnings as errors
+    (``tests/support/docs_build.py``)."""
+    from tests.support.docs_build import build_docs
 
     return build_docs(tmp_path_factory.mktemp("docs"))
 

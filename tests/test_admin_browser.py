@@ -12,7 +12,14 @@ opens "Parked tasks (configured store)", sees the three task ids, selects them a
 and the gateway's ledger agree), each Celery result is SUCCESS, and the store is empty. Both
 lists must fit the viewport: every column inside it, no cell wrapped onto a second line.
 
-Screenshots of the key steps are saved in the test's ``tmp_path`` (``NN-step.png``).
+A second test parks 2,000 entries of one breaker and 30 orders holding a ``card_token`` (a
+sensitive key of the shop) behind a forced-open breaker: the token never reaches the page, the
+orders read "held", a search finds order 15, and "Select all 2000 matching this filter" discards
+the breaker's entries through the confirmation page, each recorded in ``LogEntry``.
+
+Screenshots of the key steps are saved in the test's ``tmp_path`` (``NN-step.png``); those the
+documentation shows (``admin-STEP.png``), and the CLI's ``status`` and ``list`` while the three
+charges are parked, are written to ``docs/_static/shots/`` too, so that the pages stay current.
 """
 
 from __future__ import annotations
@@ -35,7 +42,7 @@ from celery import Celery
 from celery_resilience import Resilience
 from celery_resilience.runtime import forget
 from example_project.demo import GatewayProcess
-from tests.browser import ROOT, Shop, chrome, missing_browser, wait_for
+from tests.support.browser import ROOT, Shop, chrome, keep_for_docs, missing_browser, wait_for
 
 try:
     from selenium.webdriver.common.by import By
@@ -44,6 +51,7 @@ except ImportError:  # a dependency of the test extra: the browser fixture says 
     By = Select = WebDriverWait = None  # type: ignore[misc,assignment]
 
 pytestmark = [
+    pytest.mark.integration,
     pytest.mark.slow,
     pytest.mark.timeout(120),
     # A contributor without Chromium skips; CI, where ./scripts/test installs it, fails instead.
@@ -157,6 +165,7 @@ class Steps:
         self.count += 1
         path = self.folder / f"{self.count:02d}-{name}.png"
         assert self.driver.save_screenshot(str(path)), f"no screenshot {path}"
+        keep_for_docs(f"admin-{name}.png", path.read_bytes())
         self.mark(f"screenshot {path.name}")
         return path
 
@@ -202,6 +211,19 @@ def park_charges(shop: Shop, store: Resilience, gateway: GatewayProcess, queue: 
     )
     assert gateway.charges() == {}  # nothing reached the gateway
     return Placed(order_ids, task_ids)
+
+
+def capture_cli_for_docs(shop: Shop, placed: Placed) -> None:
+    """``status`` and ``list`` as an operator runs them now, kept for the pages that show them."""
+    for command in ("status", "list"):
+        printed = shop.celery("resilience", command)
+        if command == "status":
+            assert re.search(rf"^{BREAKER}\s+forced_open\b", printed, re.M), printed
+        else:
+            count = len(placed.task_ids)  # one line per entry (entry ids), then "1-3 of 3"
+            assert f"1-{count} of {count}" in printed, printed
+            assert printed.count(TASK) == count, printed
+        keep_for_docs(f"cli-{command}.txt", f"$ celery -A shop resilience {command}\n{printed}")
 
 
 def log_in(browser: Any, shop: Shop, steps: Steps) -> None:
@@ -290,9 +312,20 @@ def replay_all(browser: Any, steps: Steps, task_ids: list[str]) -> None:
     for box in boxes:
         box.click()
     assert all(box.is_selected() for box in boxes)
+    assert browser.find_element(By.CSS_SELECTOR, "span.action-counter").text == "3 of 3 selected"
     Select(browser.find_element(By.ID, "action-select")).select_by_visible_text("Replay now")
     steps.shot("replay-chosen")
     browser.find_element(By.ID, "action-go").click()
+
+    # The confirmation page: nothing is sent until "Yes"; the reason goes to the trace.
+    wait.until(lambda d: d.find_elements(By.ID, "confirm-action"))
+    assert browser.find_element(By.TAG_NAME, "h1").text == "Replay 3 parked tasks?"
+    assert "sent to the workers now" in browser.find_element(By.ID, "confirm-effect").text
+    listed = browser.find_elements(By.CSS_SELECTOR, "#confirm-entries td.field-task_id span")
+    assert sorted(cell.get_attribute("title") for cell in listed) == sorted(task_ids)
+    browser.find_element(By.ID, "id_reason").send_keys("gateway back after the outage")
+    steps.shot("replay-confirm")
+    browser.find_element(By.ID, "confirm-action").click()
 
     wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, ".messagelist li"))
     notes = browser.find_elements(By.CSS_SELECTOR, ".messagelist li")
@@ -302,6 +335,17 @@ def replay_all(browser: Any, steps: Steps, task_ids: list[str]) -> None:
     assert browser.find_element(By.ID, "no-entries").text == "No parked tasks."
     assert browser.find_element(By.ID, "total").text == "0 entries"
     steps.shot("replayed")
+    see_in_recent_actions(browser, steps, [f"{TASK}[{t}]" for t in task_ids])
+
+
+def see_in_recent_actions(browser: Any, steps: Steps, wanted: list[str]) -> None:
+    """The admin's index lists what was done under "Recent actions" (Django's LogEntry)."""
+    browser.find_element(By.LINK_TEXT, "Home").click()
+    WebDriverWait(browser, 15).until(lambda d: d.find_elements(By.ID, "recent-actions-module"))
+    recent = browser.find_element(By.ID, "recent-actions-module").text
+    for text in wanted:
+        assert text in recent, recent
+    steps.shot("recent-actions")
 
 
 def check_charged(shop: Shop, store: Resilience, gateway: GatewayProcess, placed: Placed) -> None:
@@ -342,6 +386,8 @@ def test_replay_parked_orders_from_the_admin_in_a_browser(
         steps.mark("gateway, worker, database and superuser ready")
         placed = park_charges(shop, store, gateway, queue)
         steps.mark("three charges parked")
+        capture_cli_for_docs(shop, placed)
+        steps.mark("the CLI's status and list")
         shop.wait_admin_ready(server)
         steps.mark("admin answers")
 
@@ -351,9 +397,219 @@ def test_replay_parked_orders_from_the_admin_in_a_browser(
         assert store.backout.count(BREAKER, "parked") == 3
         assert f"Breaker '{BREAKER}' reset from the admin by {USER}" in shop.log("runserver")
         replay_all(browser, steps, placed.task_ids)
+        assert f"by {USER} (reason: gateway back after the outage)" in shop.log("runserver")
+        assert shop.rows(
+            "SELECT count(*) FROM django_admin_log WHERE change_message = ?",
+            "Replayed from the admin. Reason: gateway back after the outage",
+        ) == [(3,)]
         check_charged(shop, store, gateway, placed)
         steps.mark("orders charged, results SUCCESS, store empty")
         see_orders_charged(browser, shop, steps)
+    except BaseException:
+        print(shop.logs())
+        with suppress(Exception):
+            steps.shot("failure")
+            (tmp_path / "failure.html").write_text(browser.page_source)
+            print(f"failure screenshot and page source in {tmp_path}")
+        raise
+    finally:
+        print("\n".join(f"{t:6.2f}s  {name}" for name, t in steps.times))
+
+
+# -- bulk work over a filter of 2,000 entries, and masking ------------------------------------
+
+BULK_BREAKER, BULK_TASK, BULK = "imports", "orders.import_row", 2000
+SECRET = "tok_live_4242424242"
+
+
+def park_many(store: Resilience) -> list[str]:
+    """2,000 entries of ``imports`` and 30 orders of ``payments`` (forced open) holding a
+    sensitive ``card_token``; the ids of the orders' entries, newest first."""
+    from celery_resilience import ParkedTask
+
+    parked = time.time() - 600
+    for n in range(BULK):
+        store.runtime.backout_store.park(
+            ParkedTask.new(
+                task_name=BULK_TASK,
+                task_id=str(uuid.uuid4()),
+                reason="retries_exhausted",
+                breaker=BULK_BREAKER,
+                args=[n],
+                exc_type="builtins.TimeoutError",
+                exc_message="import service timed out",
+                parked_at=parked + n * 0.01,
+            )
+        )
+    orders = []
+    for n in range(1, 31):
+        entry = ParkedTask.new(
+            task_name=TASK,
+            task_id=str(uuid.uuid4()),
+            reason="breaker_open",
+            breaker=BREAKER,
+            kwargs={"order_id": n, "card_token": SECRET},
+            exc_type="celery_resilience.errors.BreakerOpen",
+            exc_message="breaker 'payments' is forced_open",
+            parked_at=parked + 100 + n,
+        )
+        store.runtime.backout_store.park(entry)
+        orders.append(entry.id)
+    return orders[::-1]
+
+
+def force_open_for_maintenance(browser: Any, store: Resilience, steps: Steps) -> None:
+    """The operator forces ``payments`` open for 30 minutes with a note, from its row."""
+    wait = WebDriverWait(browser, 30)
+    browser.find_element(By.LINK_TEXT, BREAKERS_TITLE).click()
+    wait.until(lambda d: d.find_elements(By.ID, "result_list"))
+    row = browser.find_element(By.CSS_SELECTOR, f'tr[data-breaker="{BREAKER}"]')
+    assert row.find_element(By.CSS_SELECTOR, "td.field-parked").text == "30"
+    row.find_element(By.LINK_TEXT, "Force open").click()
+    wait.until(lambda d: d.find_elements(By.ID, "confirm-steer"))
+    browser.find_element(By.ID, "id_reason").send_keys("gateway upgrade, OPS-12")
+    browser.find_element(By.ID, "id_minutes").send_keys("30")
+    steps.shot("force-open-window")
+    browser.find_element(By.ID, "confirm-steer").click()
+
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, ".messagelist li"))
+    row = browser.find_element(By.CSS_SELECTOR, f'tr[data-breaker="{BREAKER}"]')
+    assert row.find_element(By.CSS_SELECTOR, "td.field-state").text == "forced_open"
+    until = row.find_element(By.CSS_SELECTOR, "td.field-open_until").text
+    assert re.fullmatch(r"in (29|30) minutes", until), until
+    assert row.find_element(By.CSS_SELECTOR, "td.field-note").text == (
+        f"gateway upgrade, OPS-12 ({USER})"
+    )
+    assert row.find_element(By.CSS_SELECTOR, "td.field-last_error").text.startswith("BreakerOpen")
+    assert not row.find_elements(By.LINK_TEXT, "Force open")  # forced open already
+    assert store.breaker(BREAKER).state == "forced_open"
+    assert_fits(browser)
+    steps.shot("breakers-maintenance")
+    browser.find_element(By.LINK_TEXT, "Home").click()
+    wait.until(lambda d: d.find_elements(By.LINK_TEXT, STORE_TITLE))
+
+
+def see_the_overview(browser: Any, steps: Steps) -> None:
+    """The overview: what is left, the oldest, the drain and beat (not running in this test)."""
+    browser.find_element(By.LINK_TEXT, "Overview").click()
+    WebDriverWait(browser, 30).until(lambda d: d.find_elements(By.ID, "overview-facts"))
+    assert browser.find_element(By.ID, "parked-total").text.startswith("30 parked, 0 dead")
+    assert browser.find_element(By.ID, "oldest").text.startswith("parked ")
+    assert "no sign of beat" in browser.find_element(By.ID, "beat").text
+    assert browser.find_element(By.ID, "breaker-states").text == "1 forced_open"
+    steps.shot("overview")
+
+
+def load_seconds(browser: Any) -> float:
+    """How long the page now shown took: request start to the load event (Navigation Timing)."""
+    return float(
+        browser.execute_script(
+            "const t = performance.getEntriesByType('navigation')[0];"
+            "return (t.loadEventEnd - t.requestStart) / 1000;"
+        )
+    )
+
+
+def see_masked_and_held(browser: Any, steps: Steps) -> None:
+    """The whole store: the orders first (newest), masked, held by their open breaker."""
+    wait = WebDriverWait(browser, 30)
+    browser.find_element(By.LINK_TEXT, STORE_TITLE).click()
+    wait.until(lambda d: d.find_elements(By.ID, "result_list"))
+    seconds = load_seconds(browser)
+    steps.mark(f"list of {BULK + 30} entries loaded in {seconds:.2f} s")
+    assert seconds < 5.0, seconds  # a few round trips, none a row (0.1-0.3 s unloaded)
+    assert SECRET not in browser.page_source
+    assert browser.find_element(By.ID, "total").text == f"{BULK + 30} entries"
+    assert browser.find_element(By.ID, "page").text == "page 1 of 21"
+    assert column(browser, "args")[0] == "order_id=30, card_token='***'"
+    assert column(browser, "due_at")[:30] == ["held: forced open"] * 30
+    assert_fits(browser)
+    steps.shot("parked-list")
+
+
+def find_order_15(browser: Any, steps: Steps, entry_id: str) -> None:
+    """Order 15 by its number: one row, and its detail page masks the token too."""
+    wait = WebDriverWait(browser, 30)
+    search = browser.find_element(By.ID, "searchbar")
+    search.send_keys("order_id=15")
+    search.submit()
+    wait.until(lambda d: d.find_element(By.ID, "total").text == "1 entry")
+    assert column(browser, "args") == ["order_id=15, card_token='***'"]
+    steps.shot("search-order-15")
+    browser.find_element(By.CSS_SELECTOR, "#result_list td.field-task_id a").click()
+    wait.until(lambda d: d.find_elements(By.ID, "entry-detail"))
+    detail = browser.find_element(By.ID, "entry-detail")
+    assert detail.get_attribute("data-entry-id") == entry_id
+    assert SECRET not in browser.page_source
+    assert '"card_token": "***"' in browser.find_element(By.CSS_SELECTOR, ".field-kwargs").text
+    steps.shot("entry-detail-masked")
+
+
+def discard_all_matching(browser: Any, shop: Shop, store: Resilience, steps: Steps) -> None:
+    """The breaker's 2,000: tick the page, then every entry of the filter; confirm."""
+    wait = WebDriverWait(browser, 30)
+    browser.get(f"{shop.admin_url}/admin/celery_resilience/storeentry/?breaker={BULK_BREAKER}")
+    wait.until(lambda d: d.find_elements(By.ID, "action-toggle"))
+    assert browser.find_element(By.ID, "total").text == f"{BULK} entries"
+    browser.find_element(By.ID, "action-toggle").click()
+    counter = browser.find_element(By.CSS_SELECTOR, "span.action-counter")
+    assert counter.text == "100 of 100 selected"
+    browser.find_element(By.CSS_SELECTOR, "#select-across a").click()
+    assert browser.find_element(By.ID, "all-selected").text == f"All {BULK} selected"
+    Select(browser.find_element(By.ID, "action-select")).select_by_visible_text("Discard")
+    steps.shot("select-all-matching")
+    browser.find_element(By.ID, "action-go").click()
+
+    wait.until(lambda d: d.find_elements(By.ID, "confirm-action"))
+    assert browser.find_element(By.TAG_NAME, "h1").text == f"Discard {BULK} parked tasks?"
+    effect = browser.find_element(By.ID, "confirm-effect").text
+    assert effect.startswith(f"These {BULK} tasks will never run")
+    assert "every entry the list's filter" in browser.find_element(By.ID, "confirm-scope").text
+    assert browser.find_element(By.ID, "confirm-more").text == f"and {BULK - 20} more."
+    assert store.backout.count(BULK_BREAKER) == BULK  # asking removed nothing
+    browser.find_element(By.ID, "id_reason").send_keys("duplicate import, re-run upstream")
+    steps.shot("discard-confirm")
+    browser.find_element(By.ID, "confirm-action").click()
+
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, ".messagelist li"))
+    notes = [n.text for n in browser.find_elements(By.CSS_SELECTOR, ".messagelist li")]
+    assert notes == [f"Discarded {BULK} parked tasks."]
+    assert browser.find_element(By.ID, "total").text == "0 entries"
+    steps.shot("discarded")
+
+
+def test_discard_every_entry_of_a_filter_of_2000_in_a_browser(
+    shop: Shop, store: Resilience, browser: Any, tmp_path: Path
+) -> None:
+    """An operator discards the 2,000 entries of one breaker with "Select all 2000 matching
+    this filter", through the confirmation page, while the orders' card tokens stay masked."""
+    steps = Steps(browser, tmp_path)
+    try:
+        shop.manage("migrate", "--verbosity", "0")
+        shop.env["DJANGO_SUPERUSER_PASSWORD"] = PASSWORD
+        shop.manage("createsuperuser", "--noinput", "--username", USER, "--email", "a@b.com")
+        server = shop.start_admin()
+        orders = park_many(store)
+        steps.mark(f"{BULK + 30} entries parked")
+        shop.wait_admin_ready(server)
+        log_in(browser, shop, steps)
+
+        force_open_for_maintenance(browser, store, steps)
+        see_masked_and_held(browser, steps)
+        find_order_15(browser, steps, orders[15])
+        discard_all_matching(browser, shop, store, steps)
+        assert store.backout.count(BULK_BREAKER) == 0
+        assert store.backout.count(BREAKER) == 30  # the other breaker's entries are untouched
+        assert shop.rows(
+            "SELECT count(*) FROM django_admin_log WHERE change_message = ?",
+            "Discarded from the admin. Reason: duplicate import, re-run upstream",
+        ) == [(BULK,)]
+        assert (
+            f"Discarded {BULK} parked tasks from the admin by {USER} "
+            "(reason: duplicate import, re-run upstream)"
+        ) in shop.log("runserver")
+        see_in_recent_actions(browser, steps, [BULK_TASK])
+        see_the_overview(browser, steps)
     except BaseException:
         print(shop.logs())
         with suppress(Exception):

@@ -6,12 +6,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from cryptography.fernet import Fernet
 
 from celery_resilience import ParkedTask, Resilience
-from celery_resilience.parked import Codec, RedisBackoutStore
+from celery_resilience.backout import Codec, RedisBackoutStore
 from tests import test_django_admin as admin_tests
 from tests.test_django_admin import STORE_URL, TASK, text
+
+pytestmark = pytest.mark.integration
 
 #: The admin suite's fixtures: a superuser's client, an app the admin finds, its database.
 admin_client, django_db, make_resilience, queue = (
@@ -28,7 +31,9 @@ def test_the_detail_page_says_encrypted_where_the_admin_has_no_key(
 ) -> None:
     res = make_resilience("redis")  # the admin's app: no encryption key
     keyed = RedisBackoutStore(
-        res.runtime.redis, res.config.key_prefix, codec=Codec("json", (), (Fernet.generate_key(),))
+        res.runtime.redis,
+        res.runtime.config.key_prefix,
+        codec=Codec("json", (), (Fernet.generate_key(),)),
     )
     entry = ParkedTask.new(
         task_name=TASK,

@@ -14,8 +14,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 from scipy import stats
 
-from celery_resilience.backoff import BackoffStrategy, Constant, DecorrelatedJitter, Exponential
+from celery_resilience.backoff import (
+    BackoffStrategy,
+    Bounded,
+    Constant,
+    DecorrelatedJitter,
+    Exponential,
+)
 from celery_resilience.errors import ConfigurationError
+
+pytestmark = pytest.mark.unit
 
 attempts = st.integers(min_value=0, max_value=10_000)
 bases = st.floats(min_value=1e-3, max_value=1e3)
@@ -83,7 +91,7 @@ def test_decorrelated_jitter_stays_between_base_and_capped_triple(
 
 @given(attempt=attempts, u=draws)
 def test_every_delay_is_within_max_delay(attempt: int, u: float) -> None:
-    strategies: list[BackoffStrategy] = [
+    strategies: list[Bounded] = [
         Exponential(base=0.5, cap=60, random=fixed(u)),
         Exponential(base=0.5, cap=60, jitter="equal", random=fixed(u)),
         DecorrelatedJitter(base=0.5, cap=60, random=fixed(u)),

@@ -16,17 +16,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from celery_resilience.errors import ConfigurationError, ResilienceError
-from celery_resilience.parked.codec import decode, encode, readable
-from celery_resilience.parked.entry import (
+from celery_resilience.backout.codec import decode, encode, readable
+from celery_resilience.backout.entry import (
     REASONS,
     STATUSES,
     UNDECODABLE_TASK,
     ParkedTask,
-    UndecodableEntry,
     cut_traceback,
     undecodable,
 )
+from celery_resilience.errors import ConfigurationError, ResilienceError, UndecodableEntry
+
+pytestmark = pytest.mark.unit
 
 
 class PaymentDeclined(Exception):
@@ -294,7 +295,7 @@ def test_cut_traceback_bounds(text: str, limit: int) -> None:
 
 
 def test_lua_scripts_document_keys_argv_and_return() -> None:
-    lua = resources.files("celery_resilience.parked").joinpath("lua")
+    lua = resources.files("celery_resilience.backout").joinpath("lua")
     scripts = [p for p in lua.iterdir() if p.name.endswith(".lua")]
     assert {p.name for p in scripts} >= {"park.lua", "delete.lua", "mark_dead.lua"}
     for script in scripts:

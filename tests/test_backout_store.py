@@ -16,8 +16,7 @@ import redis.backoff
 import redis.retry
 
 from celery_resilience import parking
-from celery_resilience.errors import ConfigurationError, StoreUnavailable
-from celery_resilience.parked import (
+from celery_resilience.backout import (
     NO_BREAKER,
     Filter,
     MemoryBackoutStore,
@@ -26,8 +25,12 @@ from celery_resilience.parked import (
     StoreFull,
     encode,
 )
-from celery_resilience.parked.entry import UNDECODABLE_TASK
-from tests.worker_process import wait_until
+from celery_resilience.backout.entry import UNDECODABLE_TASK
+from celery_resilience.errors import ConfigurationError, StoreUnavailable
+from tests.support.raw_entries import put_raw
+from tests.support.worker_process import wait_until
+
+pytestmark = pytest.mark.contract
 
 Store = MemoryBackoutStore | RedisBackoutStore
 MakeStore = Callable[..., Store]
@@ -61,7 +64,7 @@ def make_store(request: pytest.FixtureRequest) -> MakeStore:
     if request.param == "memory":
         return MemoryBackoutStore
     if request.param.startswith("django"):  # the ORM store on SQLite, or on PostgreSQL
-        from tests.django_settings import contract_store_factory
+        from tests.support.django_settings import contract_store_factory
 
         return contract_store_factory(request)  # type: ignore[return-value]
     client: redis.Redis = request.getfixturevalue("redis_client")
@@ -285,7 +288,7 @@ def test_delete(store: Store, mixed: list[ParkedTask]) -> None:
     ],
 )
 def test_purge_by_filter(
-    store: Store, mixed: list[ParkedTask], filters: dict[str, str], removed: set[int]
+    store: Store, mixed: list[ParkedTask], filters: dict[str, Any], removed: set[int]
 ) -> None:
     assert store.purge(Filter(**filters)) == len(removed)
     assert set(ids(store.list())) == {e.id for n, e in enumerate(mixed) if n not in removed}
@@ -293,12 +296,42 @@ def test_purge_by_filter(
     assert store.count(Filter(status="dead")) == len({1, 5} - removed)
 
 
-def test_purge_many(store: Store) -> None:
+def test_the_tally_is_every_breakers_count_in_one_read(
+    store: Store, mixed: list[ParkedTask]
+) -> None:
+    tally = store.tally()
+    for breaker in store.breakers():
+        for status in ("parked", "dead"):
+            assert tally.get((breaker, status), 0) == store.count(Filter(breaker, status))
+    assert sum(tally.values()) == store.count() == 6
+
+
+def test_counters_of_breakers_named_at_call_time_are_kept_per_family(store: Store) -> None:
+    """A thousand hosts must not make a thousand counters: they count under ``<base>:*``."""
+    store.family_of = lambda name: "hook" if name.startswith("hook:") else None
+    for n in range(5):
+        store.park(entry(n, breaker=f"hook:h{n}.example"))
+    store.park(entry(9))
+    stats = store.stats()
+    assert stats["parked|hook:*|breaker_open"] == 5
+    assert stats["parked|payments|breaker_open"] == 1
+    assert not [key for key in stats if "example" in key]
+    assert store.count(Filter("hook:h3.example")) == 1  # the entries keep their own breaker
+
+
+def test_purge_many_goes_in_batches_and_reports_each(store: Store) -> None:
     for n in range(1100):
-        store.park(entry(n, breaker=f"b{n % 4}"))
-    assert store.purge(Filter(breaker="b1")) == 275
+        store.park(entry(n, breaker=f"b{n % 4}", status="dead" if n % 10 == 0 else "parked"))
+    steps: list[int] = []
+    assert store.purge(Filter(breaker="b1"), steps.append) == 275
+    assert sum(steps) == 275
     assert store.count() == 825
-    assert store.purge() == 825
+    steps.clear()
+    assert store.purge(progress=steps.append) == 825
+    assert sum(steps) == 825
+    if isinstance(store, RedisBackoutStore):  # one delete.lua of at most 500 each
+        assert len(steps) >= 2
+        assert max(steps) <= 500
     assert store.count() == 0
     assert store.breakers() == set()
 
@@ -413,7 +446,7 @@ def test_corrupt_bytes_give_a_placeholder_and_are_kept(store: Store) -> None:
     good, bad = entry(1), entry(2, breaker="mail", reason="park_on")
     store.park(good)
     store.park(bad)
-    store._put_raw(bad.id, b"\x00\xffgarbage")
+    put_raw(store, bad.id, b"\x00\xffgarbage")
     placeholder = store.get(bad.id)
     assert placeholder is not None
     assert placeholder.task_name == UNDECODABLE_TASK
@@ -438,7 +471,7 @@ def test_corrupt_bytes_give_a_placeholder_and_are_kept(store: Store) -> None:
 
 
 def test_raw_bytes_of_an_unknown_id_are_counted(store: Store) -> None:
-    store._put_raw("raw-1", b"1;application/json;utf-8\n{}")
+    put_raw(store, "raw-1", b"1;application/json;utf-8\n{}")
     got = store.get("raw-1")
     assert got is not None
     assert got.task_name == UNDECODABLE_TASK
@@ -452,7 +485,7 @@ def test_pickle_is_read_only_by_a_store_that_writes_pickle(make_store: MakeStore
     e = entry(1, args=[("a", "tuple")])
     strict = make_store()
     strict.park(entry(0))
-    strict._put_raw(e.id, encode(e, "pickle"))
+    put_raw(strict, e.id, encode(e, "pickle"))
     got = strict.get(e.id)
     assert got is not None
     assert got.task_name == UNDECODABLE_TASK
@@ -497,6 +530,7 @@ def test_every_key_shares_the_hash_tag(redis_store: RedisBackoutStore, key_prefi
         "ready:-",
         "ready:a",
         "stats",
+        "reasons",
     }
 
 
@@ -557,3 +591,100 @@ def test_unreachable_redis_raises_store_unavailable_quickly(closed_port: int) ->
         with pytest.raises(StoreUnavailable):
             call()
         assert time.monotonic() - started < 2.0
+
+
+@pytest.mark.parametrize(
+    "filters",
+    [
+        {"status": "dead"},
+        {"status": "parked"},
+        {"breaker": "b1"},
+        {"breaker": "b1", "status": "parked"},
+        {"breaker": "b2", "status": "dead"},
+        {"breaker": NO_BREAKER},
+        {"reason": "retries_exhausted"},
+        {"breaker": "b3", "reason": "park_on"},
+    ],
+)
+def test_filtered_pages_are_the_same_from_the_small_sets_and_from_the_index(
+    redis_store: RedisBackoutStore, monkeypatch: pytest.MonkeyPatch, filters: dict[str, str]
+) -> None:
+    from celery_resilience.backout import redis_pages
+
+    made = []
+    for n in range(120):
+        e = entry(
+            n,
+            breaker=[None, "b1", "b2", "b3"][n % 4],
+            reason=["breaker_open", "retries_exhausted", "park_on"][n % 3],
+            status="dead" if n % 7 == 0 else "parked",
+        )
+        redis_store.park(e)
+        made.append(e)
+    where = Filter(**filters)  # type: ignore[arg-type]
+    expected = [
+        e.id
+        for e in sorted(made, key=lambda e: e.parked_at, reverse=True)
+        if where.breaker in (None, e.breaker or NO_BREAKER)
+        and where.status in (None, e.status)
+        and where.reason in (None, e.reason)
+    ]
+
+    def pages() -> list[list[str]]:
+        return [ids(redis_store.list(where, 7, offset)) for offset in range(0, 130, 7)]
+
+    from_sets = pages()
+    monkeypatch.setattr(redis_pages, "SMALL", 0)  # every filter walks the index
+    walked = pages()
+    assert from_sets == walked
+    assert [i for page in walked for i in page] == expected
+
+
+def test_a_filter_that_matches_nothing_reads_no_entry(
+    redis_store: RedisBackoutStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from celery_resilience.backout import redis_pages
+
+    monkeypatch.setattr(redis_pages, "SMALL", 0)
+    for n in range(1200):
+        redis_store.park(entry(n, breaker="payments"))
+    read: list[int] = []
+    metas = redis_store.reads.metas
+    monkeypatch.setattr(
+        redis_store.reads,
+        "metas",
+        lambda found: read.append(len(found)) or metas(found),  # type: ignore[func-returns-value]  # a spy
+    )
+    assert redis_store.list(Filter(breaker="payments", status="dead")) == []
+    assert redis_store.list(Filter(status="parked"), 10, offset=1200) == []
+    assert read == []  # the counters said there was nothing to find
+    assert len(redis_store.list(Filter(status="parked"), 10, offset=1195)) == 5
+
+
+def test_oldest_parked_skips_the_dead_and_is_none_when_nothing_waits(
+    store: Store, mixed: list[ParkedTask]
+) -> None:
+    assert store.oldest_parked() == T0  # entry 0
+    assert store.mark_dead(mixed[0].id, "max_replays")
+    assert store.oldest_parked() == T0 + 2  # 1 is dead too
+    store.purge(Filter(status="parked"))
+    assert store.oldest_parked() is None
+
+
+def test_entries_are_found_by_a_prefix_of_their_id_and_by_their_task_id(
+    store: Store, mixed: list[ParkedTask]
+) -> None:
+    # Given a second entry of task-2 (another retry of it), parked later.
+    again = entry(2, retries=3, parked_at=T0 + 9)
+    store.park(again)
+    target = mixed[4]
+    assert ids(store.with_prefix(target.id[:12])) == [target.id]
+    assert ids(store.with_prefix(target.id)) == [target.id]
+    assert set(ids(store.with_prefix(""))) == set()
+    every = store.with_prefix(target.id[:1], limit=100)
+    assert {e.id for e in every} == {e.id for e in [*mixed, again] if e.id[0] == target.id[0]}
+    assert ids(store.with_task_id("task-2")) == [again.id, mixed[2].id]  # newest first
+    assert ids(store.with_task_id("task-2", limit=1)) == [again.id]
+    assert store.with_task_id("task-9") == []
+    assert store.with_task_id("task") == []  # a task id, not a part of one
+    assert ids(store.with_task_id("task-5")) == [mixed[5].id]  # dead ones too

@@ -14,12 +14,15 @@ import pytest
 import redis
 from cryptography.fernet import Fernet
 
-from celery_resilience.parked import Codec, ParkedTask, RedisBackoutStore
-from celery_resilience.parked.entry import UNVERIFIED_TASK
-from celery_resilience.parked.trust import Untrusted
+from celery_resilience.backout import Codec, ParkedTask, RedisBackoutStore
+from celery_resilience.backout.entry import UNVERIFIED_TASK
+from celery_resilience.backout.trust import Untrusted
 from celery_resilience.rekey import rekey
 from tests import test_backout_store as contract
+from tests.support.raw_entries import put_raw
 from tests.test_backout_store import MakeStore, entry, raw
+
+pytestmark = pytest.mark.contract
 
 #: The contract suite's fixture: the memory, Redis, SQLite and PostgreSQL stores.
 make_store = contract.make_store
@@ -47,7 +50,7 @@ def secret_entry(n: int = 1) -> ParkedTask:
 def put(store: Any, e: ParkedTask, data: bytes | None) -> None:
     """Write ``data`` as the bytes of ``e`` (its meta as a park would have written it)."""
     assert data is not None
-    store._put_raw(e.id, data, breaker=e.breaker, reason=e.reason, parked_at=e.parked_at)
+    put_raw(store, e.id, data, breaker=e.breaker, reason=e.reason, parked_at=e.parked_at)
 
 
 def signed(serializer: str = "json", *keys: str) -> Codec:
@@ -68,7 +71,7 @@ def test_an_altered_payload_reads_as_a_dead_tampered_placeholder(make_store: Mak
     e = entry(1, kwargs={"order": "A-1"})
     store.park(e)
     altered = raw(store, e.id).replace(b'"A-1"', b'"A-9"')  # type: ignore[union-attr]
-    store._put_raw(e.id, altered)
+    put_raw(store, e.id, altered)
     got = store.get(e.id)
     assert got is not None
     assert (got.task_name, got.status, got.dead_reason) == (UNVERIFIED_TASK, "dead", "tampered")
@@ -94,7 +97,7 @@ def test_a_signed_payload_copied_under_another_id_is_tampered(make_store: MakeSt
     store = make_store(codec=signed())
     e = entry(1)
     store.park(e)
-    store._put_raw("copy-1", raw(store, e.id), breaker="payments")  # type: ignore[arg-type]
+    put_raw(store, "copy-1", raw(store, e.id), breaker="payments")  # type: ignore[arg-type]
     assert store.get("copy-1").dead_reason == "tampered"  # type: ignore[union-attr]
 
 

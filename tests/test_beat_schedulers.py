@@ -1,6 +1,6 @@
 """The drain under the beat schedulers people run: real ``celery beat -S ...`` processes.
 
-One prefork worker (``tests.beatapp``, 2 children) serves the whole module. Each test parks
+One prefork worker (``tests.apps.beatapp``, 2 children) serves the whole module. Each test parks
 tasks through it (the breaker forced open, the dependency down), starts beat with one
 scheduler, lets a drain run while the breaker is still held open (it must replay nothing), then
 resets the breaker: beat's next drains replay every entry, and the ledger (successful runs per
@@ -20,33 +20,33 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import redis
 
 from celery_resilience import Resilience
+from celery_resilience.backout import Filter
 from celery_resilience.contrib.pytest import delete_prefix
-from celery_resilience.parked import Filter
-from tests import beatapp
-from tests.worker_process import ROOT, WorkerProcess, spawn, wait_until
-from tests.workerapp import broker_keyprefix
+from tests.apps import beatapp
+from tests.apps.workerapp import broker_keyprefix
+from tests.support.worker_process import ROOT, WorkerProcess, spawn, wait_until
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(120)]
 
 DJANGO_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 REDBEAT_SCHEDULER = "redbeat.RedBeatScheduler"
 
 
 class Beat:
-    """One ``celery -A tests.beatapp beat`` of ours, signalled by its PID only."""
+    """One ``celery -A tests.apps.beatapp beat`` of ours, signalled by its PID only."""
 
     def __init__(self, env: Mapping[str, str], options: list[str], log_path: Path) -> None:
         self.env, self.options, self.log_path = dict(env), options, log_path
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 30.0) -> Beat:
-        command = [sys.executable, "-m", "celery", "-A", "tests.beatapp", "beat"]
+        command = [sys.executable, "-m", "celery", "-A", "tests.apps.beatapp", "beat"]
         command += [*self.options, "--max-interval", "1", "-l", "info"]
         self.process = spawn(command, self.env, self.log_path)
         wait_until(self.started, "beat to start", timeout)
@@ -121,7 +121,7 @@ def world(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[
     ledger = redis.Redis.from_url(redis_url)
     ledger.set(f"{prefix}:dep:up", "1")
     app = beatapp.make_app(env)
-    worker = WorkerProcess(env, tmp / "worker.log", "prefork", 2, app="tests.beatapp")
+    worker = WorkerProcess(env, tmp / "worker.log", "prefork", 2, app="tests.apps.beatapp")
     world = World(env, prefix, app, Resilience.for_app(app), ledger, worker, tmp, [])
     try:
         worker.start()
@@ -130,7 +130,7 @@ def world(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[
         for beat in world.beats:
             beat.stop()
         worker.stop()
-        world.resilience.close()
+        world.resilience.runtime.close()
         delete_prefix(ledger, prefix)
         ledger.close()
 
@@ -182,10 +182,11 @@ def release_and_check_replayed_once(world: World, ids: list[str], since: int) ->
 
     world.wait(all_ran, "every parked task replayed and run", timeout=30)
     time.sleep(1.5)  # more drains from beat: they must find nothing left to replay
-    runs = {k.decode(): int(v) for k, v in world.ledger.hgetall(runs_key).items()}
+    raw = cast(dict[bytes, bytes], world.ledger.hgetall(runs_key))
+    runs = {k.decode(): int(v) for k, v in raw.items()}
     assert runs == dict.fromkeys(ids, 1), "a task id that did not run exactly once"
     assert world.resilience.backout.count() == 0
-    assert world.resilience.backout_store.count(Filter(status="dead")) == 0
+    assert world.resilience.runtime.backout_store.count(Filter(status="dead")) == 0
     assert "Drain: replayed=" in world.worker_log(since)
     world.ledger.delete(runs_key, f"{world.prefix}:ledger:succeeded")
 
@@ -211,7 +212,7 @@ def periodic_rows(db: Path) -> dict[str, tuple[Any, ...]]:
 def migrate(env: Mapping[str, str]) -> None:
     """django-celery-beat's tables (and the helper's row with ``BEATAPP_SCHEDULE=none``)."""
     subprocess.run(
-        [sys.executable, "-c", "from tests.beatapp import migrate_and_make_row as m; m(1)"],
+        [sys.executable, "-c", "from tests.apps.beatapp import migrate_and_make_row as m; m(1)"],
         cwd=ROOT,
         env=dict(env),
         check=True,

@@ -15,6 +15,9 @@ from celery import Celery
 
 from celery_resilience import BreakerOpen, Resilience
 from celery_resilience.breaker import Breaker
+from tests.support.round_trips import RoundTrips
+
+pytestmark = pytest.mark.integration
 
 T = TypeVar("T")
 MakeResilience = Callable[..., Resilience]
@@ -50,7 +53,7 @@ def make_resilience(redis_url: str, key_prefix: str) -> Iterator[MakeResilience]
 
     yield make
     for resilience in made:
-        resilience.close()
+        resilience.runtime.close()
 
 
 @pytest.fixture
@@ -61,7 +64,7 @@ def make_breaker(make_resilience: MakeResilience) -> Callable[..., Breaker]:
 def known(breaker: Breaker) -> Breaker:
     """Wait until the process knows the breaker for sure (its watch live, its view learnt)."""
     deadline = time.monotonic() + 5.0
-    while breaker._views.known(breaker.name) is None:
+    while breaker._knowledge.known(breaker.name) is None:
         assert time.monotonic() < deadline, "the breaker's view was never learnt"
         breaker.acquire().release()
         time.sleep(0.005)
@@ -73,22 +76,6 @@ def wait_for(condition: Callable[[], bool], seconds: float = 5.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "the condition never held"
         time.sleep(0.005)
-
-
-class RoundTrips:
-    """Counts the commands one breaker's process sends to Redis (the shared server also serves
-    other clients, so its own command counts say nothing of this process)."""
-
-    def __init__(self, breaker: Breaker) -> None:
-        client = breaker._store().client  # type: ignore[attr-defined]
-        self.count = 0
-        send = client.execute_command
-
-        def counted(*args: Any, **kwargs: Any) -> Any:
-            self.count += 1
-            return send(*args, **kwargs)
-
-        client.execute_command = counted
 
 
 async def echo(value: T, delay: float = 0.0) -> T:
@@ -115,18 +102,22 @@ def half_open(make_breaker: Callable[..., Breaker], **options: Any) -> Breaker:
 
 
 # -- the same semantics as call() -------------------------------------------------------------
-def test_acall_returns_the_coroutines_result_and_passes_arguments(make_breaker) -> None:
+def test_acall_returns_the_coroutines_result_and_passes_arguments(
+    make_breaker: Callable[..., Breaker],
+) -> None:
     breaker = make_breaker()
     assert run(breaker.acall(echo, "paid", delay=0.001)) == "paid"
 
 
-def test_a_failing_acall_propagates_and_is_counted(make_breaker) -> None:
+def test_a_failing_acall_propagates_and_is_counted(make_breaker: Callable[..., Breaker]) -> None:
     breaker = make_breaker()
     run(trip(breaker, 2))
     assert breaker.snapshot()["consecutive_failures"] == 2
 
 
-def test_an_ignored_exception_propagates_but_is_not_counted(make_breaker) -> None:
+def test_an_ignored_exception_propagates_but_is_not_counted(
+    make_breaker: Callable[..., Breaker],
+) -> None:
     breaker = make_breaker(ignore=[NotFound])
 
     async def not_found() -> None:
@@ -142,14 +133,14 @@ def test_an_ignored_exception_propagates_but_is_not_counted(make_breaker) -> Non
     assert (snap["state"], snap["consecutive_failures"], snap["failures_total"]) == ("closed", 0, 0)
 
 
-def test_a_slow_success_counts_as_a_failure(make_breaker) -> None:
+def test_a_slow_success_counts_as_a_failure(make_breaker: Callable[..., Breaker]) -> None:
     breaker = make_breaker(slow_call_seconds=0.05)
     assert run(breaker.acall(echo, "late", delay=0.1)) == "late"
     assert breaker.snapshot()["consecutive_failures"] == 1
 
 
 def test_a_permit_block_records_an_exception_as_failure_and_admits_like_acquire(
-    make_breaker,
+    make_breaker: Callable[..., Breaker],
 ) -> None:
     breaker = make_breaker(failure_threshold=2)
 
@@ -170,19 +161,19 @@ def test_a_permit_block_records_an_exception_as_failure_and_admits_like_acquire(
 
 # -- many coroutines at once ------------------------------------------------------------------
 def test_many_concurrent_calls_on_a_closed_breaker_cost_no_round_trip(
-    make_breaker,
+    make_breaker: Callable[..., Breaker],
 ) -> None:
     breaker = known(make_breaker())
     sent = RoundTrips(breaker)
 
     async def main() -> list[int]:
-        return await asyncio.gather(*(breaker.acall(echo, i, delay=0.01) for i in range(300)))
+        return list(await asyncio.gather(*(breaker.acall(echo, i, delay=0.01) for i in range(300))))
 
     assert run(main()) == list(range(300))
     assert sent.count <= 1  # at most one flush of held-back successes
 
 
-def test_concurrent_failures_open_the_breaker_exactly_once(make_resilience) -> None:
+def test_concurrent_failures_open_the_breaker_exactly_once(make_resilience: MakeResilience) -> None:
     resilience = make_resilience(failure_threshold=3)
     events: list[tuple[str, str, str]] = []
     resilience.runtime.transition_listeners.append(lambda *event: events.append(event))
@@ -198,7 +189,7 @@ def test_concurrent_failures_open_the_breaker_exactly_once(make_resilience) -> N
     assert breaker.snapshot()["opened_total"] == 1
 
 
-def test_an_open_breaker_rejects_without_a_round_trip(make_breaker) -> None:
+def test_an_open_breaker_rejects_without_a_round_trip(make_breaker: Callable[..., Breaker]) -> None:
     breaker = known(make_breaker(failure_threshold=1))
     called = 0
 
@@ -215,6 +206,7 @@ def test_an_open_breaker_rejects_without_a_round_trip(make_breaker) -> None:
             with pytest.raises(BreakerOpen) as info:
                 await breaker.acall(dependency)
             assert info.value.state == "open"
+            assert info.value.retry_after is not None
             assert 0 < info.value.retry_after <= 30.0
         assert sent.count == 0
 
@@ -222,7 +214,9 @@ def test_an_open_breaker_rejects_without_a_round_trip(make_breaker) -> None:
     assert called == 0
 
 
-def test_a_remembered_rejection_ends_with_the_open_timeout(make_breaker) -> None:
+def test_a_remembered_rejection_ends_with_the_open_timeout(
+    make_breaker: Callable[..., Breaker],
+) -> None:
     breaker = known(make_breaker(failure_threshold=1, open_timeout=0.3))
 
     async def main() -> str:
@@ -238,7 +232,7 @@ def test_a_remembered_rejection_ends_with_the_open_timeout(make_breaker) -> None
 
 
 def test_a_remembered_rejection_ends_when_another_process_resets_the_breaker(
-    make_resilience,
+    make_resilience: MakeResilience,
 ) -> None:
     web = known(make_resilience(failure_threshold=1).breaker("dep"))
     operator = make_resilience(failure_threshold=1).breaker("dep")
@@ -246,11 +240,13 @@ def test_a_remembered_rejection_ends_when_another_process_resets_the_breaker(
     with pytest.raises(BreakerOpen):
         run(web.acall(echo, "rejected"))
     operator.reset()
-    wait_for(lambda: web._views.admits("dep") is not None)  # heard on the change feed
+    wait_for(lambda: web._knowledge.admits("dep") is not None)  # heard on the change feed
     assert run(web.acall(echo, "admitted")) == "admitted"
 
 
-def test_half_open_admits_at_most_its_probes_across_concurrent_coroutines(make_breaker) -> None:
+def test_half_open_admits_at_most_its_probes_across_concurrent_coroutines(
+    make_breaker: Callable[..., Breaker],
+) -> None:
     breaker = half_open(make_breaker, half_open_max_calls=2)
     in_flight = most = 0
 
@@ -278,7 +274,9 @@ def test_half_open_admits_at_most_its_probes_across_concurrent_coroutines(make_b
 
 
 # -- cancellation -----------------------------------------------------------------------------
-def test_a_cancelled_probe_counts_as_nothing_and_frees_its_slot(make_breaker) -> None:
+def test_a_cancelled_probe_counts_as_nothing_and_frees_its_slot(
+    make_breaker: Callable[..., Breaker],
+) -> None:
     breaker = half_open(make_breaker, half_open_max_calls=1, probe_lease=60.0)
 
     async def main() -> None:
@@ -301,7 +299,9 @@ def test_a_cancelled_probe_counts_as_nothing_and_frees_its_slot(make_breaker) ->
     assert run(breaker.acall(echo, "next probe")) == "next probe"
 
 
-def test_a_cancelled_call_on_a_closed_breaker_is_no_failure(make_breaker) -> None:
+def test_a_cancelled_call_on_a_closed_breaker_is_no_failure(
+    make_breaker: Callable[..., Breaker],
+) -> None:
     breaker = known(make_breaker(failure_threshold=1))
 
     async def main() -> None:
@@ -316,7 +316,9 @@ def test_a_cancelled_call_on_a_closed_breaker_is_no_failure(make_breaker) -> Non
     assert (snap["state"], snap["consecutive_failures"], snap["failures_total"]) == ("closed", 0, 0)
 
 
-def test_cancelled_while_redis_grants_a_probe_gives_the_probe_back(make_breaker) -> None:
+def test_cancelled_while_redis_grants_a_probe_gives_the_probe_back(
+    make_breaker: Callable[..., Breaker],
+) -> None:
     breaker = half_open(make_breaker, half_open_max_calls=1, probe_lease=60.0)
     admit = breaker.admit
     granted = []
@@ -327,7 +329,7 @@ def test_cancelled_while_redis_grants_a_probe_gives_the_probe_back(make_breaker)
         time.sleep(0.2)  # ...and the caller is cancelled before it hears of it
         return admission
 
-    breaker.admit = slow_admit  # type: ignore[method-assign]
+    breaker.admit = slow_admit  # type: ignore[method-assign, assignment]
 
     async def main() -> None:
         call = asyncio.ensure_future(breaker.acall(echo, "never"))
@@ -346,7 +348,9 @@ def test_cancelled_while_redis_grants_a_probe_gives_the_probe_back(make_breaker)
 
 
 # -- the event loop never waits for Redis -----------------------------------------------------
-def test_a_round_trip_to_a_hanging_redis_does_not_block_the_event_loop(make_resilience) -> None:
+def test_a_round_trip_to_a_hanging_redis_does_not_block_the_event_loop(
+    make_resilience: MakeResilience,
+) -> None:
     with socket.socket() as hanging:  # accepts connections (the backlog), never answers
         hanging.bind(("127.0.0.1", 0))
         hanging.listen(16)

@@ -1,6 +1,6 @@
 """What a process knows of its breakers between round trips stays true: the change feed is the
 app's own (not another database's), a breaker whose state was deleted and made again is told
-apart from the one a process knew, no view is trusted longer than ``MAX_VIEW_AGE``, and the
+apart from the one a process knew, no view is trusted longer than ``MAX_KNOWLEDGE_AGE``, and the
 feed's thread outlives whatever is raised in it. Real Redis throughout."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import redis
@@ -20,9 +20,11 @@ from celery import Celery
 from celery_resilience import BreakerOpen, Resilience
 from celery_resilience.breaker import Breaker
 from celery_resilience.breaker import watch as watch_module
-from celery_resilience.breaker.views import MAX_VIEW_AGE
+from celery_resilience.breaker.knowledge import MAX_KNOWLEDGE_AGE
 from celery_resilience.breaker.watch import RedisWatch
 from celery_resilience.contrib.pytest import delete_prefix
+
+pytestmark = pytest.mark.integration
 
 SERVER = "redis://127.0.0.1:6379"
 #: Calls a worker would make while it believes the breaker closed: one every 50 ms.
@@ -49,7 +51,7 @@ def make_breaker(key_prefix: str) -> Iterator[MakeBreaker]:
 
     yield make
     for resilience in made:
-        resilience.close()
+        resilience.runtime.close()
     for db in used:  # only this test's keys, in every database it wrote to
         client = redis.Redis.from_url(f"{SERVER}/{db}")
         delete_prefix(client, key_prefix)
@@ -59,7 +61,7 @@ def make_breaker(key_prefix: str) -> Iterator[MakeBreaker]:
 def known(breaker: Breaker) -> Breaker:
     """Wait until the process admits on what it knows, without a round trip."""
     deadline = time.monotonic() + 5.0
-    while breaker._views.admits(breaker.name) is None:
+    while breaker._knowledge.admits(breaker.name) is None:
         assert time.monotonic() < deadline, "the breaker's view was never learnt"
         breaker.acquire().release()
         time.sleep(0.005)
@@ -80,7 +82,7 @@ def admitted_calls(breaker: Breaker, seconds: float) -> list[float]:
     return admitted
 
 
-def test_apps_on_other_databases_never_hear_each_others_breakers(make_breaker) -> None:
+def test_apps_on_other_databases_never_hear_each_others_breakers(make_breaker: MakeBreaker) -> None:
     """Given two apps on one server, databases 14 and 15, same prefix, same breaker name, and
     the first app's breaker ahead in versions; when the second app's breaker is forced open,
     then its worker stops admitting at once (before its view could have aged out)."""
@@ -93,11 +95,13 @@ def test_apps_on_other_databases_never_hear_each_others_breakers(make_breaker) -
     make_breaker(db=15).force_open()  # version 1 on database 15, by an operator elsewhere
     forced = time.monotonic()
     admitted = admitted_calls(worker, 5.0)
-    late = [t for t in admitted if t - forced > MAX_VIEW_AGE / 2]
+    late = [t for t in admitted if t - forced > MAX_KNOWLEDGE_AGE / 2]
     assert late == [], f"{len(admitted)} calls admitted in 5 s on a breaker forced open"
 
 
-def test_a_change_about_other_keys_is_not_adopted(make_breaker, redis_client) -> None:
+def test_a_change_about_other_keys_is_not_adopted(
+    make_breaker: MakeBreaker, redis_client: redis.Redis
+) -> None:
     """Given a worker that knows a breaker closed; when a change for a breaker of that name
     but of another incarnation is published on its channel (a restored copy of the keys
     elsewhere), then the worker does not adopt it: it asks Redis again."""
@@ -108,7 +112,7 @@ def test_a_change_about_other_keys_is_not_adopted(make_breaker, redis_client) ->
     store = worker._store()
     redis_client.publish(store.channel, "1000|closed|0|not-these-keys|dep")  # type: ignore[attr-defined]
     deadline = time.monotonic() + 2.0
-    while worker._views.admits("dep") is not None:  # dropped, not adopted
+    while worker._knowledge.admits("dep") is not None:  # dropped, not adopted
         assert time.monotonic() < deadline, "the foreign change was never noticed"
         time.sleep(0.005)
     operator.force_open()
@@ -117,7 +121,7 @@ def test_a_change_about_other_keys_is_not_adopted(make_breaker, redis_client) ->
 
 
 def test_a_recreated_breaker_is_not_mistaken_for_the_one_a_worker_knew(
-    make_breaker, redis_client, key_prefix: str
+    make_breaker: MakeBreaker, redis_client: redis.Redis, key_prefix: str
 ) -> None:
     """Given a worker that knows a breaker closed at version 10; when its keys are deleted
     (FLUSHDB, eviction) and an operator forces the new breaker open (version 1), then the
@@ -131,25 +135,27 @@ def test_a_recreated_breaker_is_not_mistaken_for_the_one_a_worker_knew(
     make_breaker().force_open()
     forced = time.monotonic()
     admitted = admitted_calls(worker, 3.0)
-    late = [t for t in admitted if t - forced > MAX_VIEW_AGE / 2]
+    late = [t for t in admitted if t - forced > MAX_KNOWLEDGE_AGE / 2]
     assert late == [], f"{len(admitted)} calls admitted in 3 s on a breaker forced open"
 
 
-def test_no_view_is_trusted_longer_than_the_staleness_bound(make_breaker, redis_client) -> None:
+def test_no_view_is_trusted_longer_than_the_staleness_bound(
+    make_breaker: MakeBreaker, redis_client: redis.Redis
+) -> None:
     """Given a worker that knows a breaker closed at version 2; when the breaker's hash is
     restored, silently, from a backup taken while it was forced open at version 1, then the
-    worker admits calls no longer than ``MAX_VIEW_AGE`` (plus a round trip's slack)."""
+    worker admits calls no longer than ``MAX_KNOWLEDGE_AGE`` (plus a round trip's slack)."""
     operator = make_breaker()
     operator.force_open()
     key = operator._store().keys("dep")[0]  # type: ignore[attr-defined]
     backup = redis_client.dump(key)
     operator.reset()
     worker = known(make_breaker())
-    redis_client.restore(key, 0, backup, replace=True)  # publishes nothing
+    redis_client.restore(key, 0, cast(bytes, backup), replace=True)  # publishes nothing
     restored = time.monotonic()
-    admitted = admitted_calls(worker, MAX_VIEW_AGE + 2.0)
+    admitted = admitted_calls(worker, MAX_KNOWLEDGE_AGE + 2.0)
     assert admitted, "the worker admitted nothing: the test proves nothing"
-    assert admitted[-1] - restored <= MAX_VIEW_AGE + 0.5, (
+    assert admitted[-1] - restored <= MAX_KNOWLEDGE_AGE + 0.5, (
         f"admitted for {admitted[-1] - restored:.1f}s on a breaker forced open"
     )
 
@@ -159,7 +165,10 @@ class Fatal(BaseException):
 
 
 def test_the_feed_outlives_base_exceptions_and_logs_the_outage_once(
-    redis_client, key_prefix: str, caplog: pytest.LogCaptureFixture, monkeypatch
+    redis_client: redis.Redis,
+    key_prefix: str,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Given a watch in which a BaseException is raised on three attempts in a row, then
     once in its change handler; then the thread subscribes again after each, hears the changes
@@ -210,10 +219,12 @@ def test_the_feed_outlives_base_exceptions_and_logs_the_outage_once(
     assert "after 1 failure(s)" in logged[3][1]
 
 
-def test_the_feed_waits_longer_after_each_attempt_that_never_went_live(monkeypatch) -> None:
+def test_the_feed_waits_longer_after_each_attempt_that_never_went_live(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Given a Redis that can't be reached; then the feed tries again with a growing delay
     (0.1, 0.2, 0.4, 0.8 s ...), not at a fixed rate."""
-    from tests.redis_server import free_port
+    from tests.support.redis_server import free_port
 
     monkeypatch.setattr(watch_module, "RETRY_DELAY", 0.1)
     client = redis.Redis.from_url(f"redis://127.0.0.1:{free_port()}/0", socket_connect_timeout=1)
@@ -222,7 +233,7 @@ def test_the_feed_waits_longer_after_each_attempt_that_never_went_live(monkeypat
 
     def counted() -> Any:
         attempts.append(time.monotonic())
-        return subscribe()
+        return subscribe()  # type: ignore[no-untyped-call]  # redis-py's pubsub
 
     monkeypatch.setattr(client, "pubsub", counted)
 

@@ -15,7 +15,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from multiprocessing.process import BaseProcess
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import redis
@@ -24,7 +24,7 @@ from celery import Celery
 from celery_resilience import BreakerOpen, Resilience
 from celery_resilience.breaker import Breaker
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 SPAWN = multiprocessing.get_context("spawn")
 #: Generous timeouts: a slow spawn or a busy 2-core machine must not break a barrier.
@@ -98,7 +98,11 @@ def trip(breaker: Breaker, failures: int) -> None:
     for _ in range(failures):
         with pytest.raises(DependencyDown):
             breaker.call(down)
-    assert breaker.snapshot()["state"] == "open"
+    snap = breaker.snapshot()
+    # An open breaker whose short open_timeout has already run reads as half_open: a loaded
+    # host may take that long between the last failure and this read.
+    assert snap["opened_total"] == 1
+    assert snap["state"] in ("open", "half_open")
 
 
 def wait_for_half_open(breaker: Breaker, timeout: float = 5.0) -> None:
@@ -128,7 +132,7 @@ def fleet_worker(
     resilience = make_resilience(redis_url, prefix, FLEET_OPTIONS)
     breaker = resilience.breaker("dep")
     seen = watch(resilience)
-    client = resilience.redis
+    client = resilience.runtime.redis
     pid = os.getpid()
 
     def dependency() -> None:
@@ -229,7 +233,9 @@ def probe_holder(redis_url: str, prefix: str) -> None:  # pragma: no cover - spa
     """Take the half-open probe, say so, and hang without ever recording an outcome."""
     resilience = make_resilience(redis_url, prefix, LEASE_OPTIONS)
     permit = resilience.breaker("dep").acquire()
-    resilience.redis.rpush(f"{prefix}:holder", f"{os.getpid()} {permit.kind} {permit.permit_id}")
+    resilience.runtime.redis.rpush(
+        f"{prefix}:holder", f"{os.getpid()} {permit.kind} {permit.permit_id}"
+    )
     while True:
         time.sleep(60)
 
@@ -250,11 +256,11 @@ def test_probe_of_a_killed_process_is_released_when_its_lease_ends(
     holder = start(started, probe_holder, redis_url, key_prefix)
     popped = redis_client.blpop([f"{key_prefix}:holder"], timeout=JOIN_TIMEOUT)
     assert popped is not None, "the probe holder never acquired"
-    pid, kind, permit_id = popped[1].decode().split()
+    pid, kind, permit_id = cast(bytes, popped[1]).decode().split()
     assert (int(pid), kind) == (holder.pid, "probe")
     probes_key = resilience.runtime.breaker_store.keys("dep")[1]  # type: ignore[attr-defined]
-    lease_end_us = int(redis_client.zscore(probes_key, permit_id))
-    os.kill(holder.pid, signal.SIGKILL)
+    lease_end_us = int(cast(float, redis_client.zscore(probes_key, permit_id)))
+    os.kill(cast(int, holder.pid), signal.SIGKILL)
     holder.join(JOIN_TIMEOUT)
     assert holder.exitcode == -signal.SIGKILL
 
@@ -307,7 +313,7 @@ def probe_racer(
     except BreakerOpen as exc:
         outcome = f"rejected:{exc.state}"
     report = {"pid": os.getpid(), "outcome": outcome, "seen": dict(seen)}
-    resilience.redis.rpush(f"{prefix}:reports", json.dumps(report))
+    resilience.runtime.redis.rpush(f"{prefix}:reports", json.dumps(report))
 
 
 @pytest.mark.parametrize(("processes", "max_calls"), [(2, 1), (6, 3)])

@@ -13,6 +13,8 @@ from celery import Celery
 from celery_resilience import Resilience
 from celery_resilience.breaker import Breaker
 
+pytestmark = pytest.mark.integration
+
 MakeBreaker = Callable[..., Breaker]
 
 
@@ -33,7 +35,7 @@ def make_breaker(redis_url: str, key_prefix: str) -> Iterator[MakeBreaker]:
 
     yield make
     for resilience in made:
-        resilience.close()
+        resilience.runtime.close()
 
 
 class Scripts:
@@ -54,7 +56,7 @@ class Scripts:
 def learnt(breaker: Breaker) -> Breaker:
     """Ask until the view is learnt: the first answers come while the feed is not live yet."""
     deadline = time.monotonic() + 5.0
-    while breaker.known_state() and breaker._views.known(breaker.name) is None:
+    while breaker.known_state() and breaker._knowledge.known(breaker.name) is None:
         assert time.monotonic() < deadline, "the view was never learnt"
         time.sleep(0.005)
     return breaker
@@ -67,7 +69,9 @@ def wait_for(condition: Callable[[], bool]) -> None:
         time.sleep(0.002)
 
 
-def test_a_new_breaker_is_known_closed_and_then_costs_no_round_trip(make_breaker) -> None:
+def test_a_new_breaker_is_known_closed_and_then_costs_no_round_trip(
+    make_breaker: MakeBreaker,
+) -> None:
     breaker = make_breaker()
     assert breaker.known_state() == "closed"  # asked Redis: nothing known yet
     learnt(breaker)
@@ -76,7 +80,9 @@ def test_a_new_breaker_is_known_closed_and_then_costs_no_round_trip(make_breaker
     assert scripts.count == 0
 
 
-def test_a_page_process_hears_another_process_open_and_reset_the_breaker(make_breaker) -> None:
+def test_a_page_process_hears_another_process_open_and_reset_the_breaker(
+    make_breaker: MakeBreaker,
+) -> None:
     page, worker = learnt(make_breaker()), make_breaker()
     scripts = Scripts(page)
     with pytest.raises(ConnectionError):
@@ -90,7 +96,7 @@ def test_a_page_process_hears_another_process_open_and_reset_the_breaker(make_br
 
 
 def test_an_open_breaker_past_its_timeout_reads_open_until_a_caller_asks_for_a_probe(
-    make_breaker,
+    make_breaker: MakeBreaker,
 ) -> None:
     page, worker = learnt(make_breaker(open_timeout=0.2)), make_breaker(open_timeout=0.2)
     with pytest.raises(ConnectionError):

@@ -14,6 +14,8 @@ from celery_resilience.breaker import model
 from celery_resilience.breaker.types import BreakerState, Change, Decision, Kind, Limits
 from celery_resilience.config import BreakerConfig
 
+pytestmark = pytest.mark.unit
+
 S = 1_000_000  # one second in microseconds
 T0 = 1_700_000_000 * S
 

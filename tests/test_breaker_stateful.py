@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -33,7 +34,10 @@ from celery_resilience.breaker.store import Delivery
 from celery_resilience.breaker.types import Action, BreakerState, Change, Decision, Kind, Limits
 from celery_resilience.breaker.watch import parse_change
 from celery_resilience.config import BreakerConfig
-from tests.conftest import REDIS_URL, delete_prefix
+from celery_resilience.contrib.pytest import delete_prefix
+from tests.conftest import REDIS_URL
+
+pytestmark = pytest.mark.contract
 
 START = 1_700_000_000_000_000  # microseconds
 MAX_DELIVERIES = 2
@@ -74,12 +78,14 @@ class BreakerAgreement(RuleBasedStateMachine):
         self.expected_changes: list[tuple[int, str, bool]] = []
         self.memory_changes: list[tuple[int, str, bool]] = []
         self.memory_store.watch(self._memory_heard, lambda: None, lambda: None)
-        self.pubsub = self.client.pubsub()
+        self.pubsub = self.client.pubsub()  # type: ignore[no-untyped-call]  # redis-py's
         self.pubsub.subscribe(self.redis_store.channel)
         assert self.pubsub.get_message(timeout=5.0)["type"] == "subscribe"
         self.version = 0
 
-    def _memory_heard(self, name: str, version: int, state: str, streak: bool, epoch: str) -> None:
+    def _memory_heard(
+        self, name: str, version: int, state: str, streak: bool, epoch: str, family: Any
+    ) -> None:
         if name == self.name:
             self.memory_changes.append((version, state, streak))
 
@@ -243,7 +249,7 @@ class BreakerAgreement(RuleBasedStateMachine):
 
 
 @pytest.fixture(scope="module")
-def agreement_machine() -> type[BreakerAgreement]:
+def agreement_machine() -> Iterator[type[BreakerAgreement]]:
     client = redis.Redis.from_url(REDIS_URL)
     prefix = f"test-stateful-{uuid.uuid4().hex[:8]}"
     BreakerAgreement.client = client
@@ -256,7 +262,7 @@ def agreement_machine() -> type[BreakerAgreement]:
 def test_lua_memory_and_model_agree_on_random_histories(
     agreement_machine: type[BreakerAgreement],
 ) -> None:
-    run_state_machine_as_test(
+    run_state_machine_as_test(  # type: ignore[no-untyped-call]  # hypothesis leaves it untyped
         agreement_machine,
         settings=settings(
             max_examples=500,

@@ -26,6 +26,8 @@ from celery_resilience.breaker.store import BreakerStore
 from celery_resilience.breaker.types import Decision, Limits
 from celery_resilience.config import BreakerConfig
 
+pytestmark = pytest.mark.contract
+
 S = 1_000_000
 T0 = 1_700_000_000 * S
 
@@ -73,7 +75,9 @@ def make(
 
 
 # -- the store contract (memory and Lua) ----------------------------------------------------
-def test_at_most_n_permits_are_out_and_the_next_is_turned_away_as_full(make) -> None:
+def test_at_most_n_permits_are_out_and_the_next_is_turned_away_as_full(
+    make: Callable[..., Pinned],
+) -> None:
     b = make(max_concurrent_calls=2)
     first, _second = b.hold(), b.hold()
     decision, _ = b.acquire()
@@ -92,7 +96,7 @@ def test_at_most_n_permits_are_out_and_the_next_is_turned_away_as_full(make) -> 
     assert not b.acquire()[0].allowed
 
 
-def test_a_released_permit_frees_its_slot(make) -> None:
+def test_a_released_permit_frees_its_slot(make: Callable[..., Pinned]) -> None:
     b = make(max_concurrent_calls=1)
     held = b.hold()
     assert b.acquire()[0].full
@@ -100,7 +104,9 @@ def test_a_released_permit_frees_its_slot(make) -> None:
     b.hold()
 
 
-def test_a_slot_whose_holder_never_reports_comes_back_when_its_lease_ends(make) -> None:
+def test_a_slot_whose_holder_never_reports_comes_back_when_its_lease_ends(
+    make: Callable[..., Pinned],
+) -> None:
     b = make(max_concurrent_calls=1, call_lease=2.0)
     b.hold()
     b.now += 2 * S - 1
@@ -111,7 +117,9 @@ def test_a_slot_whose_holder_never_reports_comes_back_when_its_lease_ends(make) 
     b.hold()  # the next acquire clears the dead lease and takes the slot
 
 
-def test_a_failure_frees_its_slot_and_still_counts_for_the_breaker(make) -> None:
+def test_a_failure_frees_its_slot_and_still_counts_for_the_breaker(
+    make: Callable[..., Pinned],
+) -> None:
     b = make(max_concurrent_calls=1, failure_threshold=2)
     b.record(b.hold(), success=False)
     b.record(b.hold(), success=False)
@@ -119,7 +127,9 @@ def test_a_failure_frees_its_slot_and_still_counts_for_the_breaker(make) -> None
     assert (snap["state"], snap["calls_in_flight"]) == ("open", 0)
 
 
-def test_a_rejection_by_the_open_breaker_is_not_a_bulkhead_rejection(make) -> None:
+def test_a_rejection_by_the_open_breaker_is_not_a_bulkhead_rejection(
+    make: Callable[..., Pinned],
+) -> None:
     b = make(max_concurrent_calls=3, failure_threshold=1)
     b.record(b.hold(), success=False)
     decision, _ = b.acquire()
@@ -129,7 +139,7 @@ def test_a_rejection_by_the_open_breaker_is_not_a_bulkhead_rejection(make) -> No
 
 
 def test_calls_in_flight_when_the_breaker_trips_keep_their_slots_and_a_probe_needs_one_too(
-    make,
+    make: Callable[..., Pinned],
 ) -> None:
     b = make(max_concurrent_calls=2, failure_threshold=1, open_timeout=1.0, half_open_max_calls=2)
     failing, hanging = b.hold(), b.hold()
@@ -147,7 +157,9 @@ def test_calls_in_flight_when_the_breaker_trips_keep_their_slots_and_a_probe_nee
     assert b.snapshot()["state"] == "half_open"  # one of two probes succeeded so far
 
 
-def test_forced_closed_still_holds_the_bulkhead_and_a_reset_keeps_the_slots(make) -> None:
+def test_forced_closed_still_holds_the_bulkhead_and_a_reset_keeps_the_slots(
+    make: Callable[..., Pinned],
+) -> None:
     b = make(max_concurrent_calls=1)
     held = b.hold()
     b.store.force(b.name, b.limits, "closed", now_us=b.now)
@@ -158,7 +170,9 @@ def test_forced_closed_still_holds_the_bulkhead_and_a_reset_keeps_the_slots(make
     b.hold()
 
 
-def test_without_a_bulkhead_nothing_is_leased_for_a_normal_permit(make) -> None:
+def test_without_a_bulkhead_nothing_is_leased_for_a_normal_permit(
+    make: Callable[..., Pinned],
+) -> None:
     b = make()
     for _ in range(5):
         b.hold()
@@ -182,11 +196,11 @@ def make_breaker(redis_url: str, key_prefix: str) -> Iterator[Callable[..., Brea
 
     yield build
     for resilience in made:
-        resilience.close()
+        resilience.runtime.close()
 
 
 def test_call_raises_bulkhead_full_without_calling_when_every_slot_is_taken(
-    make_breaker,
+    make_breaker: Callable[..., Breaker],
 ) -> None:
     breaker = make_breaker(max_concurrent_calls=2)
     held = [breaker.acquire(), breaker.acquire()]
@@ -203,7 +217,7 @@ def test_call_raises_bulkhead_full_without_calling_when_every_slot_is_taken(
     assert breaker.call(lambda: "ran") == "ran"
 
 
-def test_every_way_a_call_ends_frees_its_slot(make_breaker) -> None:
+def test_every_way_a_call_ends_frees_its_slot(make_breaker: Callable[..., Breaker]) -> None:
     class Ignored(Exception):
         pass
 
@@ -226,7 +240,9 @@ def test_every_way_a_call_ends_frees_its_slot(make_breaker) -> None:
     breaker.acquire()
 
 
-def test_threads_never_have_more_than_n_calls_in_flight(make_breaker) -> None:
+def test_threads_never_have_more_than_n_calls_in_flight(
+    make_breaker: Callable[..., Breaker],
+) -> None:
     breaker = make_breaker(max_concurrent_calls=3)
     lock = threading.Lock()
     inflight, peak, ran, full = 0, 0, 0, 0
@@ -273,7 +289,7 @@ class CommandCount:
 
         def counted(client: redis.Redis, *args: Any, **options: Any) -> Any:
             self.sent += 1
-            return original(client, *args, **options)
+            return original(client, *args, **options)  # type: ignore[no-untyped-call]
 
         monkeypatch.setattr(redis.Redis, "execute_command", counted)
 
@@ -282,7 +298,7 @@ def settled(breaker: Breaker) -> Breaker:
     """The process watches and knows the breaker (as after its first call)."""
     breaker.call(lambda: None)
     deadline = time.monotonic() + 5.0
-    while breaker._views.admits("dep") is None:
+    while breaker._knowledge.admits("dep") is None:
         assert time.monotonic() < deadline
         breaker.call(lambda: None)
         time.sleep(0.01)
@@ -290,7 +306,7 @@ def settled(breaker: Breaker) -> Breaker:
 
 
 def test_with_the_bulkhead_each_call_costs_two_round_trips_and_without_it_none(
-    make_breaker, monkeypatch: pytest.MonkeyPatch
+    make_breaker: Callable[..., Breaker], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     off = settled(make_breaker())
     on = make_breaker(max_concurrent_calls=10)
@@ -306,7 +322,9 @@ def test_with_the_bulkhead_each_call_costs_two_round_trips_and_without_it_none(
     assert count.sent == 200  # one EVALSHA takes the slot, one records the outcome and frees it
 
 
-def test_coroutines_share_the_bulkhead_and_a_cancelled_call_frees_its_slot(make_breaker) -> None:
+def test_coroutines_share_the_bulkhead_and_a_cancelled_call_frees_its_slot(
+    make_breaker: Callable[..., Breaker],
+) -> None:
     breaker = make_breaker(max_concurrent_calls=2)
     inflight = peak = 0
 

@@ -12,7 +12,7 @@ import os
 import signal
 import time
 from multiprocessing.process import BaseProcess
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import redis
@@ -30,7 +30,7 @@ from .test_breaker_fleet import (
     started,  # noqa: F401 - the fixture
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 LIMIT = 2
 FLEET_OPTIONS = {"failure_threshold": 1000, "max_concurrent_calls": LIMIT, "call_lease": 30.0}
@@ -74,7 +74,8 @@ def test_a_fleet_of_processes_never_has_more_than_the_limit_in_flight(
 
     seen = [int(v) for v in redis_client.lrange(f"{key_prefix}:dep:seen", 0, -1)]
     outcomes = [
-        line.decode().split() for line in redis_client.lrange(f"{key_prefix}:outcomes", 0, -1)
+        line.decode().split()
+        for line in cast(list[bytes], redis_client.lrange(f"{key_prefix}:outcomes", 0, -1))
     ]
     ran = sum(int(o[1]) for o in outcomes)
     full = sum(int(o[2]) for o in outcomes)
@@ -96,7 +97,7 @@ def slot_holder(redis_url: str, prefix: str) -> None:  # pragma: no cover - spaw
     """Take the only slot, say so, and hang without ever reporting an outcome."""
     resilience = make_resilience(redis_url, prefix, LEASE_OPTIONS)
     permit = resilience.breaker("dep").acquire()
-    resilience.redis.rpush(f"{prefix}:holder", f"{os.getpid()} {permit.permit_id}")
+    resilience.runtime.redis.rpush(f"{prefix}:holder", f"{os.getpid()} {permit.permit_id}")
     while True:
         time.sleep(60)
 
@@ -114,10 +115,10 @@ def test_the_slot_of_a_killed_process_comes_back_when_its_lease_ends(
     holder = start(started, slot_holder, redis_url, key_prefix)
     popped = redis_client.blpop([f"{key_prefix}:holder"], timeout=JOIN_TIMEOUT)
     assert popped is not None, "the slot holder never acquired"
-    pid, permit_id = popped[1].decode().split()
+    pid, permit_id = cast(bytes, popped[1]).decode().split()
     assert int(pid) == holder.pid
     calls_key = resilience.runtime.breaker_store.keys("dep")[2]  # type: ignore[attr-defined]
-    lease_end_us = int(redis_client.zscore(calls_key, permit_id))
+    lease_end_us = int(cast(float, redis_client.zscore(calls_key, permit_id)))
     os.kill(holder.pid, signal.SIGKILL)
     holder.join(JOIN_TIMEOUT)
     assert holder.exitcode == -signal.SIGKILL

@@ -2,7 +2,7 @@
 slots, and every other delivery waits in the broker (sent again, its retries unchanged) without
 calling it, whatever ``on_open`` says: a full bulkhead is a busy dependency, not a down one.
 
-The worlds are those of ``tests/test_task_worker.py`` (``tests/workerapp.py``); the dependency
+The worlds are those of ``tests/test_task_worker.py`` (``tests/apps/workerapp.py``); the dependency
 counts the calls in flight itself (``<P>:dep:concurrency``: per call, the calls under way when it
 arrived).
 """
@@ -15,7 +15,7 @@ import pytest
 
 from .test_task_worker import World, make_world, wait_for  # noqa: F401 - the fixture
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 LIMIT = 2
 HANG = 5.0  # seconds each call to the hanging dependency takes

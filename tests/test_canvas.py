@@ -1,5 +1,5 @@
 """Workflows (chain, group, chord, link, link_error) whose ``ResilientTask`` members park, in a
-real ``celery worker`` (``tests/canvasapp.py``), with the Redis result backend and with
+real ``celery worker`` (``tests/apps/canvasapp.py``), with the Redis result backend and with
 django-celery-results' database backend.
 
 While a member is parked its workflow waits: a chain stops at the parked link, a chord does not
@@ -32,10 +32,10 @@ from celery_resilience.contrib.pytest import delete_prefix
 from celery_resilience.drain import DrainReport
 from celery_resilience.errors import ParkedTaskDead
 
-from .canvasapp import make_canvas_app
-from .worker_process import WorkerProcess, wait_until
+from .apps.canvasapp import make_canvas_app
+from .support.worker_process import WorkerProcess, wait_until
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 WAIT = 20.0
 
@@ -52,7 +52,7 @@ class World:
         self.breaker = self.resilience.breaker("dep")
         self.redis = redis.Redis.from_url(redis_url)
         self.redis.set(f"{self.prefix}:dep:up", "1")
-        self.worker = WorkerProcess(env, log, app="tests.canvasapp")
+        self.worker = WorkerProcess(env, log, app="tests.apps.canvasapp")
 
     def task(self, name: str) -> Any:
         return self.app.tasks[f"canvas.{name}"]
@@ -100,7 +100,7 @@ class World:
 
         def enough() -> bool:
             nonlocal done
-            done += getattr(self.replay_all(), what)
+            done += int(getattr(self.replay_all(), what))
             return done >= count
 
         wait_until(enough, f"{count} entries {what}", WAIT, poll=0.1)
@@ -121,7 +121,7 @@ def world(
         pytest.importorskip("django_celery_results")
         from django.db import connections
 
-        from . import django_settings
+        from .support import django_settings
 
         django_settings.ensure_test_database("default", request.config)
         database = connections["default"].settings_dict
@@ -137,7 +137,7 @@ def world(
         yield world
     finally:
         print(f"===== worker log\n{world.worker.stop()}")  # shown when a test failed
-        world.resilience.close()
+        world.resilience.runtime.close()
         world.app.close()
         delete_prefix(world.redis, prefix)
         world.redis.close()
@@ -304,7 +304,7 @@ def test_a_parked_task_that_expired_fails_with_its_link_error_when_a_person_repl
     with pytest.raises(ValueError, match="expired"):
         world.resilience.replay(entry.id)
 
-    assert world.resilience.backout.get(entry.id).dead_reason == "expired"
+    assert getattr(world.resilience.backout.get(entry.id), "dead_reason", None) == "expired"
     assert result.state == "FAILURE"
     assert isinstance(result.result, ParkedTaskDead)
     assert [f["exc_type"] for f in world.errbacks(result.id)] == ["ParkedTaskDead"]

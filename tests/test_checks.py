@@ -25,9 +25,11 @@ from celery_resilience import Resilience, ResilientTask
 from celery_resilience.checks import Finding, log_findings, run_checks
 from celery_resilience.task import resilient_tasks
 
-from .redis_server import RedisServer, free_port
-from .worker_process import WorkerProcess
-from .workerapp import make_app as make_worker_app
+from .apps.workerapp import make_app as make_worker_app
+from .support.redis_server import RedisServer, free_port
+from .support.worker_process import WorkerProcess
+
+pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -64,7 +66,7 @@ def checks(app: Celery) -> list[Finding]:
     try:
         return run_checks(res.runtime, resilient_tasks(app))
     finally:
-        res.close()
+        res.runtime.close()
 
 
 def redis_findings(findings: list[Finding]) -> list[Finding]:
@@ -317,7 +319,11 @@ def test_log_findings_levels(caplog: pytest.LogCaptureFixture) -> None:
 
 
 def _check_command(env: dict[str, str], *args: str) -> subprocess.Popen[str]:
-    command = [sys.executable, "-m", "celery", "-A", "tests.cliapp", "resilience", "check", *args]
+    return _cli_command(env, "check", *args)
+
+
+def _cli_command(env: dict[str, str], *args: str) -> subprocess.Popen[str]:
+    command = [sys.executable, "-m", "celery", "-A", "tests.apps.cliapp", "resilience", *args]
     return subprocess.Popen(
         command,
         cwd=ROOT,
@@ -437,7 +443,88 @@ def test_checks_run_on_worker_ready_signal(
     try:
         worker_ready.send(sender=consumer)
     finally:
-        Resilience.for_app(app).close()
+        Resilience.for_app(app).runtime.close()
     messages = [r.getMessage() for r in caplog.records if r.name == "celery_resilience.checks"]
     assert len(messages) == 1, messages
     assert "keeps nothing on disk" in messages[0]
+
+
+# -- bad settings, all at once ------------------------------------------------------------------
+
+BAD_SETTINGS = {
+    "resilience_drain_rate": 0,
+    "resilience_max_replays": "five",
+    "resilience_breakers": {
+        "payments": {"window": -1, "colour": "red"},
+        "search": {"open_timeout": 30.0},
+    },
+}
+
+
+def test_check_reports_every_bad_setting_at_once_also_as_json(
+    key_prefix: str, redis_url: str
+) -> None:
+    env = {
+        "CLIAPP_PREFIX": key_prefix,
+        "CLIAPP_BROKER": redis_url,
+        "CLIAPP_CONF": json.dumps(BAD_SETTINGS),
+    }
+    human, as_json, status = (
+        _check_command(env),
+        _check_command(env, "--json"),
+        _cli_command(env, "status"),
+    )
+    rc, out, err = _finish(human)
+    assert rc == 1, (out, err)
+    assert "Traceback" not in err
+    errors = [line for line in out.splitlines() if line.startswith("ERROR: ")]
+    for expected in (
+        "ERROR: resilience_drain_rate must be a number of tasks per second > 0, got 0",
+        "ERROR: resilience_max_replays must be an integer >= 1, got 'five'",
+        "ERROR: resilience_breakers['payments']: unknown option 'colour'",
+        "ERROR: resilience_breakers['payments']['window'] must be a number of seconds > 0, got -1",
+    ):
+        assert any(line.startswith(expected) for line in errors), (expected, out)
+    # The checks went on past the settings: the tasks a killed worker would lose, Redis looked at.
+    assert "ERROR: cliapp.charge is a ResilientTask without acks_late" in out
+
+    rc_json, out_json, err_json = _finish(as_json)
+    assert rc_json == 1, err_json
+    data = json.loads(out_json)
+    messages = [f["message"] for f in data if f["level"] == "error"]
+    assert sum(m.startswith("resilience_") for m in messages) == 4, messages
+
+    # Anything else still stops at the first bad setting, naming it, in one line.
+    rc_status, out_status, err_status = _finish(status)
+    assert rc_status == 1
+    assert out_status == ""
+    assert err_status.strip().startswith("Error: resilience_")
+    assert len(err_status.strip().splitlines()) == 1, err_status
+
+
+def test_start_up_still_raises_at_the_first_bad_setting_naming_it(redis_url: str) -> None:
+    from celery_resilience import ConfigurationError
+
+    app = make_app(redis_url, **BAD_SETTINGS)
+    with pytest.raises(ConfigurationError, match=r"^resilience_\w+"):
+        Resilience(app)
+
+
+def test_without_an_app_the_cli_says_none_was_given() -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("CELERY_APP", "APP")}
+    for args in (("check",), ("check", "--json"), ("status",), ("list",)):
+        done = subprocess.run(
+            [sys.executable, "-m", "celery", "resilience", *args],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 1, done
+        assert done.stdout == ""
+        assert done.stderr.strip() == (
+            "Error: no Celery app given: name yours with -A (celery -A proj resilience ...), "
+            "or set the CELERY_APP environment variable"
+        ), done.stderr

@@ -1,6 +1,6 @@
-"""The real ``celery -A tests.cliapp resilience ...`` command, run in subprocesses.
+"""The real ``celery -A tests.apps.cliapp resilience ...`` command, run in subprocesses.
 
-Each test has its own key prefix and queue (``tests/cliapp.py`` reads them from ``CLIAPP_*``
+Each test has its own key prefix and queue (``tests/apps/cliapp.py`` reads them from ``CLIAPP_*``
 environment variables); entries are parked from the test process through the same store, and
 replayed messages are read from the Redis broker's list of the app's queue. Every celery start
 costs most of a second, so read-only commands of one test run side by side (:meth:`Cli.many`).
@@ -25,10 +25,12 @@ from typing import Any
 import pytest
 import redis
 
-from celery_resilience import ParkedTask, Resilience
+from celery_resilience import ParkedTask, Resilience, maintenance
+from celery_resilience.backout import Filter
 from celery_resilience.contrib.pytest import delete_prefix
-from celery_resilience.parked import Filter
-from tests import cliapp
+from tests.apps import cliapp
+
+pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parent.parent
 CLI_TIMEOUT = 60.0
@@ -59,11 +61,11 @@ class Cli:
         self.client = client
         self.app = cliapp.make_app(env)
         self.res = Resilience(self.app)
-        self.store = self.res.backout_store
+        self.store = self.res.runtime.backout_store
         self.queue_key = cliapp.broker_keyprefix(env["CLIAPP_PREFIX"]) + env["CLIAPP_QUEUE"]
 
     def _start(self, args: tuple[str, ...]) -> subprocess.Popen[str]:
-        command = [sys.executable, "-m", "celery", "-A", "tests.cliapp", "resilience", *args]
+        command = [sys.executable, "-m", "celery", "-A", "tests.apps.cliapp", "resilience", *args]
         return subprocess.Popen(
             command,
             cwd=ROOT,
@@ -149,7 +151,7 @@ def cli(key_prefix: str, redis_url: str, redis_client: redis.Redis) -> Iterator[
     }
     world = Cli(env, redis_client)
     yield world
-    world.res.close()
+    world.res.runtime.close()
 
 
 def _boom() -> ValueError:
@@ -202,7 +204,7 @@ def test_status_table_and_json(cli: Cli) -> None:
 
     lines = table.stdout.splitlines()
     assert lines[0].split() == [
-        "breaker", "state", "consecutive", "window", "opened", "open", "until", "bulkhead",
+        "breaker", "state", "consecutive", "window", "opened", "open", "until", "(UTC)", "bulkhead",
         "parked", "dead",
     ]  # fmt: skip
     rows = {line.split()[0]: line for line in lines[2:] if not line.startswith("without")}
@@ -280,9 +282,10 @@ def test_list_filters_paging_and_json(cli: Cli) -> None:
     assert ids(combined) == [entries[5].id, entries[1].id]
 
     lines = table.stdout.splitlines()
-    assert lines[0].split()[:3] == ["id", "task", "task"]
-    assert [line.split()[0] for line in lines[2:]] == newest_first[:4]
-    assert lines[2].split()[1:4] == ["cliapp.lookup", entries[6].task_id, "search"]
+    assert lines[0].split()[:5] == ["id", "parked", "(UTC)", "task", "breaker"]
+    assert [line.split()[0] for line in lines[2:-1]] == [i[:8] for i in newest_first[:4]]
+    assert lines[2].split()[3:6] == ["cliapp.lookup", "search", "redelivered"]
+    assert lines[-1] == "1-4 of 7 (page 1 of 2); next: --page 2"
     assert bad_page.returncode == 1
     assert "--page" in bad_page.stderr
 
@@ -351,7 +354,7 @@ def test_replay_ids_then_all_of_one_breaker(cli: Cli) -> None:
     assert headers[0]["_body"][0] == pay[0].args  # same args and kwargs
     assert headers[0]["_body"][1] == pay[0].kwargs
 
-    result = cli("replay", "--all", "--breaker", "payments", "--json")
+    result = cli("replay", "--all", "--breaker", "payments", "--yes", "--json")
     replayed = result.json()["replayed"]
     assert sorted(r["task_id"] for r in replayed) == sorted(e.task_id for e in pay[1:])
     assert result.json()["failed"] == []
@@ -378,21 +381,29 @@ def test_drain_is_gated_by_the_breaker(cli: Cli) -> None:
 
     report = cli("drain", "--breaker", "payments", "--json").json()
     assert report["replayed"] == 0
-    assert report["skipped"] == 5  # due, held back by the open breaker
+    assert report["skipped"] == 5  # due, held back by the open breaker, which says so
+    forced = "the breaker is forced open: 'close' or 'reset' payments to let them go"
+    assert report["held_back"]["payments"] == {"entries": 5, "why": forced}
     assert cli.store.count(Filter("payments")) == 5
-    assert cli.published() == []
+    # The person's drain of every breaker: the search entry goes, payments' are held, and
+    # the summary is printed once (the drain's own summary log line is for workers).
+    human = cli("drain")
+    assert human.stdout.splitlines() == [
+        human.stdout.splitlines()[0],
+        f"held back 5 of breaker 'payments': {forced}",
+    ]
+    assert human.stdout.startswith("replayed 1, dead 0, held back 5, errors 0 in ")
+    assert "Drain: replayed" not in human.stderr
+    assert [h["id"] for h in cli.published()] == [other.task_id]
 
     payments.reset()  # closed: everything due goes
     report = cli("drain", "--breaker", "payments", "--json").json()
     assert (report["replayed"], report["skipped"], report["errors"]) == (5, 0, 0)
     assert cli.store.count(Filter("payments")) == 0
-    assert cli.ids() == [other.id]  # only the breaker asked for
-    assert sorted(h["id"] for h in cli.published()) == sorted(e.task_id for e in pay)
-
-    human = cli("drain").stdout  # every breaker: the search entry goes too
-    assert human.startswith("replayed 1, dead 0, held back 0, errors 0")
     assert cli.ids() == []
-    assert cli.published()[-1]["id"] == other.task_id
+    assert sorted(h["id"] for h in cli.published()[1:]) == sorted(e.task_id for e in pay)
+    assert "held_back" in report
+    assert report["held_back"] == {}
 
 
 # -- purge ---------------------------------------------------------------------------------
@@ -425,12 +436,27 @@ def test_purge_needs_yes_and_respects_filters(cli: Cli) -> None:
 # -- steering the shared breaker -----------------------------------------------------------
 
 
+def test_a_lever_of_the_command_line_ends_a_maintenance_window(cli: Cli) -> None:
+    # given: payments forced open from the admin for a window that has ended
+    runtime = cli.res.runtime
+    maintenance.start(runtime, "payments", runtime.now() - 1, "upgrade", "alice")
+
+    # when: a person resets it, then forces it open for good, from the command line
+    cli("reset", "payments")
+    cli("open", "payments")
+
+    # then: the old window is gone, and the beat drain task leaves the breaker forced open
+    assert maintenance.windows(runtime) == {}
+    assert maintenance.end_expired(runtime) == []
+    assert cli.res.breaker("payments").state == "forced_open"
+
+
 def test_open_close_reset_change_the_shared_state(cli: Cli) -> None:
     breaker = cli.res.breaker("payments")
     assert breaker.state == "closed"
 
     assert cli("open", "payments").stdout.strip() == "breaker 'payments' is now forced_open"
-    assert breaker.state == "forced_open"
+    assert breaker.state == "forced_open"  # type: ignore[comparison-overlap]  # it changed
     assert cli.res.breaker("search").state == "closed"
 
     assert cli("close", "payments", "--json").json()["state"] == "forced_closed"
@@ -465,13 +491,13 @@ def test_unknown_breaker_and_unknown_entry(cli: Cli) -> None:
     for name in ("open", "reset"):
         assert "unknown breaker 'nope'" in results[name].stderr
         assert "payments, search" in results[name].stderr  # the known ones are named
-    assert f"no parked task with id {missing!r}" in results["show"].stderr
+    assert f"no parked task with id, id prefix or task id {missing!r}" in results["show"].stderr
     assert f"could not replay {missing}: no parked task" in results["replay"].stderr
     for name in ("drain", "list", "purge", "replay --all"):  # a typo, not an empty store
         assert "unknown breaker 'nope'" in results[name].stderr, str(results[name])
     assert cli.ids() == [entry.id]  # nothing happened to the real entry
     assert cli.res.breaker("payments").state == "closed"
-    assert "nope" not in cli.res.breaker_names()
+    assert "nope" not in cli.res.runtime.breaker_names()
     assert cli.published() == []
 
 
@@ -545,7 +571,7 @@ def side_by_side(*runs: tuple[Cli, tuple[str, ...], bool]) -> list[Run]:
     started = []
     for world, args, on_terminal in runs:
         master, slave = os.openpty() if on_terminal else (-1, subprocess.PIPE)
-        command = [sys.executable, "-m", "celery", "-A", "tests.cliapp", "resilience", *args]
+        command = [sys.executable, "-m", "celery", "-A", "tests.apps.cliapp", "resilience", *args]
         process = subprocess.Popen(
             command,
             cwd=ROOT,
@@ -581,7 +607,7 @@ def other_cli(redis_url: str, redis_client: redis.Redis) -> Iterator[Cli]:
     env = {"CLIAPP_PREFIX": prefix, "CLIAPP_BROKER": redis_url, "CLIAPP_QUEUE": f"{prefix}-queue"}
     world = Cli(env, redis_client)
     yield world
-    world.res.close()
+    world.res.runtime.close()
     delete_prefix(redis_client, prefix)
 
 
@@ -595,13 +621,13 @@ def test_drain_and_replay_show_progress_on_a_terminal_and_stay_quiet_otherwise(
 
     drain, replay = side_by_side(
         (cli, ("drain", "--breaker", "payments"), True),
-        (other_cli, ("replay", "--all", "--breaker", "search"), True),
+        (other_cli, ("replay", "--all", "--breaker", "search", "--yes"), True),
     )
     assert drain.returncode == 0, drain
     assert re.search(r"draining  \[#{24}-{12}\]  100/150", drain.stderr)  # after one batch
-    # Full, and its line ended at once: the drain's log line that follows starts a line.
-    full = r"\[#{36}\]  150/150(\x1b\[\?25h)?\r\n(\r\x1b\[K)?Drain: replayed=150"
-    assert re.search(full, drain.stderr), drain.stderr
+    # Full, and its line ended at once; the summary is on stdout only, not logged beside it.
+    assert re.search(r"\[#{36}\]  150/150(\x1b\[\?25h)?\r\n", drain.stderr), drain.stderr
+    assert "Drain: replayed" not in drain.stderr
     assert drain.stdout.startswith("replayed 150, dead 0")  # the results keep stdout
     assert replay.returncode == 0, replay
     assert re.search(r"replaying  \[#{36}\]  120/120", replay.stderr)
@@ -616,7 +642,7 @@ def test_drain_and_replay_show_progress_on_a_terminal_and_stay_quiet_otherwise(
         other_cli.park(200 + n, task_name="cliapp.lookup", breaker="search")
     as_json, piped = side_by_side(
         (cli, ("drain", "--breaker", "payments", "--json"), True),
-        (other_cli, ("replay", "--all", "--breaker", "search"), False),
+        (other_cli, ("replay", "--all", "--breaker", "search", "--yes"), False),
     )
     assert as_json.returncode == 0, as_json
     assert "draining" not in as_json.stderr  # a terminal, but --json: no bar
@@ -634,7 +660,7 @@ def test_status_watch_refreshes_until_ctrl_c(cli: Cli) -> None:
     import threading
 
     cli.park(1, breaker="payments")
-    command = [sys.executable, "-m", "celery", "-A", "tests.cliapp", "resilience", "status"]
+    command = [sys.executable, "-m", "celery", "-A", "tests.apps.cliapp", "resilience", "status"]
     process = subprocess.Popen(
         [*command, "--watch", "--interval", "0.3"],
         cwd=ROOT,
@@ -676,3 +702,227 @@ def test_status_watch_refreshes_until_ctrl_c(cli: Cli) -> None:
     assert rows[0][1] == "closed"
     assert rows[-1][1] == "forced_open"
     assert rows[0][-2:] == ["1", "0"]  # parked, dead
+
+
+# -- finding an entry, a page that fits, masked arguments ---------------------------------------
+
+
+def test_show_finds_an_entry_by_task_id_and_by_a_unique_id_prefix(cli: Cli) -> None:
+    entries = [cli.park(n) for n in range(40)]
+    retried = cli.park(41, task_id=entries[5].task_id, retries=2)  # the same task, parked again
+    target = entries[7]
+    by_first: dict[str, list[ParkedTask]] = {}
+    for e in [*entries, retried]:
+        by_first.setdefault(e.id[0], []).append(e)
+    shared, crowd = max(by_first.items(), key=lambda item: len(item[1]))
+    assert len(crowd) >= 2  # 41 ids over 16 first characters
+
+    by_task, by_prefix, ambiguous, twice, none = cli.many(
+        ("show", target.task_id, "--json"),
+        ("show", target.id[:8], "--json"),
+        ("show", shared),
+        ("show", entries[5].task_id),
+        ("show", "no-such-task"),
+    )
+    assert by_task.returncode == by_prefix.returncode == 0, (by_task, by_prefix)
+    assert by_task.json()["id"] == by_prefix.json()["id"] == target.id
+
+    assert ambiguous.returncode == 1, str(ambiguous)
+    assert ambiguous.stdout == ""
+    first, *candidates = ambiguous.stderr.strip().splitlines()
+    assert first.startswith(f"Error: {shared!r} is ambiguous: ")
+    assert "match by id prefix; give one id:" in first
+    listed = [line.split()[0] for line in candidates]
+    assert set(listed) <= {e.id for e in crowd}
+    assert len(listed) == min(len(crowd), 10)
+
+    assert twice.returncode == 1, str(twice)
+    assert "2 entries match by task id" in twice.stderr
+    assert {line.split()[0] for line in twice.stderr.splitlines()[1:]} == {
+        entries[5].id,
+        retried.id,
+    }
+    assert none.returncode == 1
+    assert "no parked task with id, id prefix or task id 'no-such-task'" in none.stderr
+
+
+def test_list_fits_120_columns_with_the_error_and_dead_reason_and_says_n_of_m(cli: Cli) -> None:
+    long = {"note": "x" * 200, "lines": [{"sku": "é" * 30, "qty": 2}] * 5}
+    for n in range(6):
+        cli.park(n, exc=_boom(), kwargs={"amount": n, **long})
+    dead = cli.park(
+        6, status="dead", dead_reason="max_replays: cliapp.charge[x] was replayed 5 times"
+    )
+    first, last, beyond, shown = cli.many(
+        ("list", "--limit", "3"),
+        ("list", "--limit", "3", "--page", "3"),
+        ("list", "--limit", "3", "--page", "9"),
+        ("show", dead.id[:8]),
+    )
+    for result in (first, last, beyond, shown):
+        assert result.returncode == 0, str(result)
+    lines = first.stdout.splitlines()
+    assert all(len(line) <= 120 for line in lines), "\n".join(lines)
+    assert len(lines) == 2 + 3 + 1
+    assert lines[0].split()[:3] == ["id", "parked", "(UTC)"]
+    assert lines[-1] == "1-3 of 7 (page 1 of 3); next: --page 2"
+    top = lines[2]  # the newest: the dead one
+    assert top.startswith(dead.id[:8])
+    assert "dead (max_replays)" in top
+    assert "cliapp.charge[x] was" in top  # the dead reason beyond its code
+    assert "ValueError: gateway said" in lines[3]
+    assert "'order-5', am" in lines[3]
+    # The same time, in the same format, in list and show.
+    parked = re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", top)
+    assert parked is not None
+    assert f"parked_at: {parked.group(0)} UTC" in shown.stdout
+    assert last.stdout.splitlines()[-1] == "7-7 of 7 (page 3 of 3)"
+    assert beyond.stdout.strip().splitlines()[-1] == "none of 7 on page 9 (the last is 3)"
+
+
+def test_sensitive_arguments_are_masked_in_list_show_and_json(cli: Cli) -> None:
+    # cliapp sets resilience_sensitive_keys = ["card_token"].
+    plain = cli.park(1, kwargs={"amount": 1, "card_token": "tok_visa_4242"})
+    nested = cli.park(2, args=[{"customer": {"Card_Token": "tok_amex_0005"}}], kwargs={})
+    hidden = cli.park(
+        3,
+        args=["order-3", "4111 1111 1111 1111"],
+        options={"argsrepr": "('order-3', '<card>')", "kwargsrepr": "{}"},
+    )
+    results = cli.many(
+        ("list",),
+        ("list", "--json"),
+        ("show", plain.id),
+        ("show", plain.id, "--json"),
+        ("show", nested.id, "--json"),
+        ("show", hidden.id, "--json"),
+        ("show", hidden.id),
+    )
+    for result in results:
+        assert result.returncode == 0, str(result)
+        for secret in ("tok_visa_4242", "tok_amex_0005", "4111 1111"):
+            assert secret not in result.stdout, (secret, str(result))
+    listing, as_json, human, plain_json, nested_json, hidden_json, hidden_human = results
+    assert "card_token='***'" in listing.stdout
+    assert "'order-3', '<card>'" in listing.stdout
+    assert {e["id"]: e["kwargs"] for e in as_json.json()}[plain.id]["card_token"] == "***"
+    assert 'card_token": "***"' in human.stdout
+    assert plain_json.json()["kwargs"] == {"amount": 1, "card_token": "***"}
+    assert nested_json.json()["args"] == [{"customer": {"Card_Token": "***"}}]
+    assert hidden_json.json()["args"] == "('order-3', '<card>')"  # as Celery's events carry it
+    assert "<card>" in hidden_human.stdout
+    stored = cli.store.get(plain.id)  # masked on the way out only
+    assert stored is not None
+    assert stored.kwargs["card_token"] == "tok_visa_4242"
+
+
+# -- replay --all asks; errors name the server; levers take a reason; --help has examples ------
+
+
+def on_terminal_stdin(world: Cli, args: tuple[str, ...], answer: str) -> Result:
+    """The command with a pseudo-terminal for stdin (a person at it), answering ``answer``."""
+    master, slave = os.openpty()
+    command = [sys.executable, "-m", "celery", "-A", "tests.apps.cliapp", "resilience", *args]
+    process = subprocess.Popen(
+        command,
+        cwd=ROOT,
+        env={**os.environ, **world.env},
+        stdin=slave,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    os.close(slave)
+    try:
+        os.write(master, answer.encode() + b"\n")  # read once the question is asked
+        stdout, stderr = process.communicate(timeout=CLI_TIMEOUT)
+    finally:
+        os.close(master)
+    return Result(args, process.returncode, stdout, stderr)
+
+
+def test_replay_all_asks_first_and_dry_run_sends_nothing(cli: Cli) -> None:
+    entries = [cli.park(n) for n in range(3)]
+    every = ("replay", "--all", "--breaker", "payments")
+    scripted, dry, dry_json = cli.many(
+        every, (*every, "--dry-run"), (*every, "--dry-run", "--json")
+    )
+    assert scripted.returncode == 1, str(scripted)  # no terminal to ask at: --yes or nothing
+    assert "this would replay 3 parked task(s); add --yes to do it" in scripted.stderr
+    assert dry.returncode == 0, str(dry)
+    assert dry.stdout.splitlines()[-1] == "3 would be replayed (dry run: nothing sent)"
+    assert {line.split()[2] for line in dry.stdout.splitlines()[:-1]} == {e.id for e in entries}
+    assert {e["id"] for e in dry_json.json()["would_replay"]} == {e.id for e in entries}
+    assert cli.published() == []
+
+    no = on_terminal_stdin(cli, every, "n")
+    assert no.returncode == 1, str(no)
+    assert "Replay 3 parked task(s) now, whatever their breaker says? [y/N]" in no.stderr
+    assert "nothing replayed" in no.stderr
+    assert cli.published() == []
+    assert len(cli.ids()) == 3
+
+    yes = on_terminal_stdin(cli, every, "y")
+    assert yes.returncode == 0, str(yes)
+    assert yes.stdout.splitlines()[-1] == "3 replayed, 0 failed"
+    assert sorted(h["id"] for h in cli.published()) == sorted(e.task_id for e in entries)
+    assert cli.ids() == []
+
+
+def test_replay_takes_a_task_id_or_a_prefix_as_show_does(cli: Cli) -> None:
+    first, second = cli.park(1), cli.park(2)
+    result = cli("replay", first.task_id, second.id[:10])
+    assert result.stdout.splitlines()[-1] == "2 replayed, 0 failed"
+    assert [h["id"] for h in cli.published()] == [first.task_id, second.task_id]
+
+
+def test_an_unreachable_server_is_named_in_one_line_without_its_password(cli: Cli) -> None:
+    from tests.support.redis_server import free_port
+
+    down = f"127.0.0.1:{free_port()}"
+    redis_down = Cli({**cli.env, "CLIAPP_REDIS": f"redis://:s3cret@{down}/0"}, cli.client)
+    broker_down = Cli({**cli.env, "CLIAPP_BROKER": f"redis://u:s3cret@{down}/0",
+                       "CLIAPP_REDIS": cli.env["CLIAPP_BROKER"]}, cli.client)  # fmt: skip
+    entry = cli.park(1)
+    try:
+        results = [
+            *redis_down.many(("status",), ("list",), ("drain",), ("show", entry.id)),
+            broker_down("replay", entry.id, rc=None),
+        ]
+    finally:
+        redis_down.res.runtime.close()
+        broker_down.res.runtime.close()
+    for result in results:
+        assert result.returncode == 1, str(result)
+        assert "Traceback" not in result.stderr
+        assert "s3cret" not in result.stderr + result.stdout
+        assert down in result.stderr, str(result)
+    for result in results[:4]:
+        assert f"(Redis at redis://:***@{down}/0)" in result.stderr, str(result)
+    assert f"(broker at redis://u:***@{down}/0)" in results[4].stderr
+    assert cli.ids() == [entry.id]  # nothing lost on the way
+
+
+def test_open_takes_a_reason_that_is_logged_with_who_and_shown(cli: Cli) -> None:
+    opened = cli("open", "payments", "--reason", "gateway maintenance until 03:00", "--json")
+    assert opened.json()["state"] == "forced_open"
+    assert opened.json()["reason"] == "gateway maintenance until 03:00"
+    assert re.search(
+        r"Breaker 'payments' forced open from the command line by \S+@\S+: "
+        r"gateway maintenance until 03:00",
+        opened.stderr,
+    ), opened.stderr
+    closed = cli("reset", "payments")
+    assert closed.stdout.strip() == "breaker 'payments' is now closed"
+    assert "reset from the command line by" in closed.stderr
+    assert "no reason given" in closed.stderr
+
+
+def test_every_command_has_examples_in_its_help(cli: Cli) -> None:
+    from celery_resilience.cli import resilience
+
+    names = sorted(resilience.commands)
+    for name, result in zip(names, cli.many(*((name, "--help") for name in names)), strict=True):
+        assert result.returncode == 0, str(result)
+        assert "Examples:" in result.stdout, str(result)
+        assert f"celery -A proj resilience {name}" in result.stdout, str(result)

@@ -10,9 +10,12 @@ import pytest
 import redis
 from cryptography.fernet import Fernet
 
-from celery_resilience.parked import Codec
+from celery_resilience.backout import Codec
 from tests import test_cli
+from tests.support.raw_entries import put_raw
 from tests.test_cli import Cli
+
+pytestmark = pytest.mark.integration
 
 SIGNING = "cli-signing-key-" + "a" * 20
 NEW_SIGNING = "cli-signing-key-" + "b" * 20
@@ -39,7 +42,7 @@ def worlds(cli: Cli) -> Iterator[dict[str, Cli]]:
     }
     yield made
     for world in made.values():
-        world.res.close()
+        world.res.runtime.close()
 
 
 def test_show_says_encrypted_where_the_key_is_missing(worlds: dict[str, Cli]) -> None:
@@ -63,7 +66,7 @@ def test_list_and_show_name_an_untrusted_entry_and_never_its_content(
 ) -> None:
     world = worlds["keys"]
     forged = world.park(1)  # signed, then replaced by bytes made without the key
-    world.store._put_raw(forged.id, Codec("json").encode(forged.replace(args=["evil"])))  # type: ignore[attr-defined]
+    put_raw(world.store, forged.id, Codec("json").encode(forged.replace(args=["evil"])))
     listed = world("list", "--json").json()
     assert [(e["status"], e["dead_reason"]) for e in listed] == [("dead", "unsigned")]
     assert "dead (unsigned)" in world("list").stdout
@@ -86,7 +89,7 @@ def test_rotate_keys_re_signs_and_re_encrypts_every_entry(
 def test_rotate_keys_leaves_what_it_cannot_trust_and_says_so(worlds: dict[str, Cli]) -> None:
     world = worlds["keys"]
     legacy = world.park(1)
-    world.store._put_raw(legacy.id, Codec("json").encode(legacy))  # type: ignore[attr-defined]
+    put_raw(world.store, legacy.id, Codec("json").encode(legacy))
     refused = world("rotate-keys", "--json", rc=1).json()
     assert refused == {"rewritten": 0, "changed_meanwhile": 0, "refused": {"unsigned": 1}}
     adopted = world("rotate-keys", "--adopt-unsigned", "--json").json()

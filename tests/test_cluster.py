@@ -1,9 +1,9 @@
 """Breakers, the delivery guard, the drain lock and the back-out store on a Redis Cluster.
 
-One cluster for the module (``tests/redis_cluster.py``): three primaries of the test's own, and
-a replica of the primary that holds the parked tasks, so that every park of the worker waits
-for it (``resilience_park_replicas=1``: ``WAIT`` on that node). One real worker
-(``tests/deployapp.py``) with two breakers whose keys live on two primaries, the store on the
+One cluster for the module (``tests/support/redis_cluster.py``): three primaries of the test's
+own, and a replica of the primary that holds the parked tasks, so that every park of the worker
+waits for it (``resilience_park_replicas=1``: ``WAIT`` on that node). One real worker
+(``tests/apps/deployapp.py``) with two breakers whose keys live on two primaries, the store on the
 third: it trips both and parks their tasks; the CLI, the metrics collector and the Django admin
 read what it left; the CLI's drain replays it all. Ledger: every task published succeeds once.
 """
@@ -23,16 +23,18 @@ import redis
 from celery import Celery
 
 from celery_resilience import ConfigurationError, ParkedTask, Resilience, StoreUnavailable
+from celery_resilience.backout import RedisBackoutStore
 from celery_resilience.breaker.redis import RedisBreakerStore
 from celery_resilience.breaker.types import Limits
 from celery_resilience.checks import run_checks
 from celery_resilience.config import BreakerConfig, ResilienceConfig
 from celery_resilience.contrib.pytest import delete_prefix
-from celery_resilience.parked import RedisBackoutStore
 from celery_resilience.redis_io import make_client
-from tests.deploy_world import World, metric, require_redis_7, world_env
-from tests.redis_cluster import RedisClusterServers
-from tests.worker_process import wait_until
+from tests.support.deploy_world import World, metric, require_redis_7, world_env
+from tests.support.redis_cluster import RedisClusterServers
+from tests.support.worker_process import wait_until
+
+pytestmark = pytest.mark.integration
 
 PREFIX = f"test-cluster-{uuid.uuid4().hex[:8]}"
 APP: Celery | None = None  # CELERY_RESILIENCE_APP of the admin test
@@ -232,10 +234,11 @@ def test_a_park_that_fewer_replicas_hold_than_asked_is_store_unavailable(
         for p in (f"test-cluster-wait-{uuid.uuid4().hex[:6]}" for _ in range(200))
         if cluster.owner(f"{{{p}:backout}}").port == replicated.port
     )
-    client = make_client(cluster.url(), 0.5)
+    client = make_client(cluster.url(), 2.0)
     try:
         entry = ParkedTask.new(task_name="t", task_id="t-1", args=[], kwargs={}, reason="park_on")
-        too_many = RedisBackoutStore(client, prefix, replicas=2, replicas_timeout=0.1)
+        # A second: the replica's acknowledgement must not be what runs out (a loaded host).
+        too_many = RedisBackoutStore(client, prefix, replicas=2, replicas_timeout=1.0)
         with pytest.raises(StoreUnavailable, match="1 of 2 replicas held the entry"):
             too_many.park(entry)
         assert too_many.get(entry.id) is None  # taken back: the message stays in the broker
@@ -245,7 +248,7 @@ def test_a_park_that_fewer_replicas_hold_than_asked_is_store_unavailable(
         enough.park(again)
         assert enough.get(again.id) is not None
     finally:
-        delete_prefix(cast(redis.Redis, client), prefix)
+        delete_prefix(client, prefix)
         client.close()
 
 
@@ -272,8 +275,45 @@ def test_the_change_feed_reaches_a_subscriber_on_another_primary(
         wait_until(lambda: any(h[:4] == change for h in heard), "the change", 5)
     finally:
         watch.close()
-        delete_prefix(cast(redis.Redis, store.client), prefix)
+        delete_prefix(store.client, prefix)
         store.client.close()
+
+
+def test_breakers_named_at_call_time_keep_their_family_in_one_slot(
+    cluster: RedisClusterServers,
+) -> None:
+    """A family's scripts touch its members' keys and its index together: one slot (the
+    declared breaker's tag), whatever the key; another process learns the family and hears a
+    member trip across the cluster."""
+    prefix = f"test-cluster-derived-{uuid.uuid4().hex[:6]}"
+
+    def make() -> Resilience:
+        app = Celery("t", broker="memory://", set_as_current=False)
+        app.conf.resilience_redis_url = cluster.url()
+        app.conf.resilience_key_prefix = prefix
+        app.conf.resilience_breakers = {"hook": {"failure_threshold": 1}}
+        return Resilience(app)
+
+    one, two = make(), make()
+    try:
+        two.breaker("hook", key="warm").call(lambda: None)
+        for n in range(5):
+            with pytest.raises(ZeroDivisionError):
+                one.breaker("hook", key=f"host-{n}.example").call(lambda: 1 / 0)
+        wait_until(
+            lambda: not two.runtime.knowledge.admits_member("hook", "hook:host-4.example"),
+            "the other process hears the member trip",
+            5,
+        )
+        assert two.breaker("hook", key="host-4.example").state == "open"
+        store = cast(RedisBreakerStore, two.runtime.breaker_store)
+        assert store.family_size("hook")[1] == 5  # troubled: the five that failed
+        two.breaker("hook", key="warm").refresh_family()
+        assert two.runtime.knowledge.admits_member("hook", "hook:other.example")
+    finally:
+        for res in (one, two):
+            res.runtime.close()
+        delete_prefix(make_client(cluster.url(), 0.5), prefix)
 
 
 @pytest.mark.slow
@@ -287,7 +327,7 @@ def test_start_up_checks_object_when_a_cluster_parks_without_replicas(world: Wor
     try:
         findings = run_checks(unreplicated.runtime)
     finally:
-        unreplicated.close()
+        unreplicated.runtime.close()
     (finding,) = [f for f in findings if "resilience_park_replicas" in f.message]
     assert finding.level == "error"  # a failover can lose parked tasks
     assert "Cluster" in finding.message

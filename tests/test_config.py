@@ -12,6 +12,8 @@ from celery import Celery
 from celery_resilience import ConfigurationError, Resilience
 from celery_resilience.config import BreakerConfig, ResilienceConfig
 
+pytestmark = pytest.mark.unit
+
 REDIS = "redis://127.0.0.1:6379/15"
 AMQP = "amqp://guest:guest@127.0.0.1:5672//"
 
@@ -261,7 +263,7 @@ def test_settings_under_a_django_style_namespace_are_read() -> None:
 
     app = Celery("t", set_as_current=False)
     app.config_from_object(DjangoSettings, namespace="CELERY")
-    config = Resilience(app).config
+    config = Resilience(app).runtime.config
     assert config.breaker("payments").failure_threshold == 7
     assert config.on_redis_error == "fail_closed"
     assert config.key_prefix == "shop"
@@ -315,22 +317,22 @@ def test_max_countdown_defaults_to_nine_tenths_of_the_shortest_visibility_timeou
 ) -> None:
     app = make_app()
     app.conf.update(conf)
-    assert Resilience(app).config.max_countdown == pytest.approx(expected)
+    assert Resilience(app).runtime.config.max_countdown == pytest.approx(expected)
 
 
 def test_max_countdown_with_an_amqp_broker_stays_below_rabbitmqs_consumer_timeout() -> None:
     app = make_app(broker=AMQP, redis_url=REDIS)
-    assert Resilience(app).config.max_countdown == pytest.approx(0.9 * 1800)
+    assert Resilience(app).runtime.config.max_countdown == pytest.approx(0.9 * 1800)
 
 
 def test_an_explicit_max_countdown_is_kept() -> None:
     app = make_app(max_countdown=120)
     app.conf.broker_transport_options = {"visibility_timeout": 60}
-    assert Resilience(app).config.max_countdown == 120.0
+    assert Resilience(app).runtime.config.max_countdown == 120.0
 
 
 def test_a_valid_configuration_is_frozen() -> None:
-    config = Resilience(make_app(breakers={"payments": {}})).config
+    config = Resilience(make_app(breakers={"payments": {}})).runtime.config
     with pytest.raises(AttributeError):
         config.redis_timeout = 1.0  # type: ignore[misc]
     with pytest.raises(AttributeError):

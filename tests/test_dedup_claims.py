@@ -28,7 +28,9 @@ from celery_resilience.breaker.types import Limits
 from celery_resilience.config import BreakerConfig
 from celery_resilience.errors import TaskIdClaimed
 
-from .worker_process import wait_until
+from .support.worker_process import wait_until
+
+pytestmark = pytest.mark.contract
 
 Store = MemoryBreakerStore | RedisBreakerStore
 LEASE_US = 30_000_000
@@ -175,7 +177,7 @@ def app(redis_url: str, key_prefix: str) -> Iterator[Celery]:
     app.conf.resilience_key_prefix = key_prefix
     app.conf.resilience_redis_url = redis_url
     yield app
-    Resilience.for_app(app).close()
+    Resilience.for_app(app).runtime.close()
 
 
 @pytest.mark.parametrize("breaker", ["dep", None])

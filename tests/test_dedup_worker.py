@@ -14,13 +14,13 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from .test_task_worker import World, wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 #: The claim's lease in these tests (``resilience_dedup_lease``): long enough for the body,
 #: short enough to wait for.
@@ -44,7 +44,7 @@ def make_world(key_prefix: str, redis_url: str, tmp_path: Path) -> Iterator[Call
 
 
 def runs(world: World) -> dict[str, int]:
-    raw = world.redis.hgetall(f"{world.prefix}:once:runs")
+    raw = cast(dict[bytes, bytes], world.redis.hgetall(f"{world.prefix}:once:runs"))
     return {k.decode(): int(v) for k, v in raw.items()}
 
 

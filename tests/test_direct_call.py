@@ -2,7 +2,7 @@
 runs that call as ``celery.Task`` does: a plain call with a request of its own, never admitted,
 counted as a delivery, marked done or parked; only the delivery around it is.
 
-The tasks are those of ``tests/canvasapp.py``: ``fib`` under every combination of the options
+The tasks are those of ``tests/apps/canvasapp.py``: ``fib`` under every combination of the options
 that act on a delivery (``acks_late``, ``deduplicate``, a breaker or none), beside the same body
 on ``celery.Task``, which is what each must do. Each runs through ``apply()`` here and in a real
 worker, as a first delivery and as one the broker flags redelivered (its second delivery, the
@@ -24,8 +24,10 @@ from celery import Celery, states
 from celery_resilience import Resilience, ResilientTask
 from celery_resilience.contrib.pytest import delete_prefix
 
-from .canvasapp import FIB_VARIANTS, PLAIN_FIB, fib_name, make_canvas_app
-from .worker_process import WorkerProcess, wait_until
+from .apps.canvasapp import FIB_VARIANTS, PLAIN_FIB, fib_name, make_canvas_app
+from .support.worker_process import WorkerProcess, wait_until
+
+pytestmark = pytest.mark.integration
 
 N, FIB_N, CALLS = 6, 8, 25  # fib(6) = 8, in 25 calls
 REDELIVERED = {"redelivered": True}  # kombu's mark of a message delivered before
@@ -65,7 +67,7 @@ class Calls:
 def app(key_prefix: str, redis_url: str) -> Iterator[Celery]:
     app = make_canvas_app(env_of(key_prefix, redis_url))
     yield app
-    Resilience.for_app(app).close()
+    Resilience.for_app(app).runtime.close()
     app.close()
 
 
@@ -181,7 +183,7 @@ def test_a_worker_runs_the_calls_a_body_makes_to_its_own_task_as_plain_calls(
     app = make_canvas_app(env)
     client = redis.Redis.from_url(redis_url)
     calls = Calls(client, prefix)
-    worker = WorkerProcess(env, tmp_path / "worker.log", pool=pool, app="tests.canvasapp")
+    worker = WorkerProcess(env, tmp_path / "worker.log", pool=pool, app="tests.apps.canvasapp")
     try:
         worker.start()
         names = [fib_name(*variant) for variant in FIB_VARIANTS]
@@ -204,14 +206,14 @@ def test_a_worker_runs_the_calls_a_body_makes_to_its_own_task_as_plain_calls(
             done = sent[name, "first"].id
             app.tasks[name].apply_async((N,), task_id=done)
             wait_until(
-                lambda done=done: f"[{done}] already succeeded: skipped" in worker.log(),
+                lambda done=done: f"[{done}] already succeeded: skipped" in worker.log(),  # type: ignore[misc]
                 f"{done} to be skipped",
                 WAIT,
             )
             assert len(calls.of(done)) == CALLS
     finally:
         print(f"===== worker log\n{worker.stop()}")
-        Resilience.for_app(app).close()
+        Resilience.for_app(app).runtime.close()
         app.close()
         delete_prefix(client, prefix)
         client.close()

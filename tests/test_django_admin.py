@@ -23,13 +23,16 @@ import redis
 from celery import Celery
 
 from celery_resilience import ParkedTask, Resilience
-from tests import django_settings
+from tests.support import django_settings
+
+pytestmark = pytest.mark.integration
 
 TASK = "shop.charge"
 APP: Celery | None = None  # CELERY_RESILIENCE_APP = "tests.test_django_admin:APP"
 STORE_URL = "/admin/celery_resilience/storeentry/"
 RECORD_URL = "/admin/celery_resilience/parkedtaskrecord/"
 BREAKERS_URL = "/admin/celery_resilience/breaker/"
+SENSITIVE = ("card_token",)
 BREAKERS = {
     "payments": {"failure_threshold": 3, "open_timeout": 30.0},
     "search": {"max_concurrent_calls": 4},
@@ -85,6 +88,7 @@ def make_resilience(
         app.conf.resilience_key_prefix = key_prefix
         app.conf.resilience_backout_store = store
         app.conf.resilience_breakers = BREAKERS
+        app.conf.resilience_sensitive_keys = SENSITIVE
         app.task(name=TASK)(charge)
         monkeypatch.setattr(f"{__name__}.APP", app)
         made.append(Resilience.install(app, Resilience(app)))
@@ -93,8 +97,8 @@ def make_resilience(
     with override_settings(CELERY_RESILIENCE_APP=f"{__name__}:APP"):
         yield make
     for instance in made:
-        instance.close()
-        instance.app.close()
+        instance.runtime.close()
+        instance.runtime.app.close()
 
 
 @pytest.fixture(params=["redis", "django"])
@@ -137,7 +141,7 @@ def park(resilience: Resilience, n: int, **fields: Any) -> ParkedTask:
     }
     values.update(fields)
     entry = ParkedTask.new(**values)
-    resilience.backout_store.park(entry)
+    resilience.runtime.backout_store.park(entry)
     return entry
 
 
@@ -146,12 +150,32 @@ def text(response: Any) -> str:
     return str(response.content.decode())
 
 
+def act(
+    client: Any,
+    url: str,
+    action: str,
+    ids: list[str] | str | None = None,
+    reason: str = "",
+    across: bool = False,
+) -> Any:
+    """Run an action as a person does: ask (the confirmation page, which changes nothing),
+    then confirm with its POST; the final response, redirects followed."""
+    fields: dict[str, Any] = {"action": action, "_selected_action": ids or [], "index": "0"}
+    if across:
+        fields["select_across"] = "1"
+    asked = client.post(url, fields)
+    if asked.status_code != 200:  # no confirmation page: a message and back to the list
+        return client.get(asked["Location"]) if asked.status_code == 302 else asked
+    assert 'id="confirm-form"' in text(asked), text(asked)
+    return client.post(url, {**fields, "post": "yes", "reason": reason}, follow=True)
+
+
 # -- the configured store's page ------------------------------------------------------------
 
 
 def test_the_index_links_only_the_store_in_use(resilience: Resilience, admin_client: Any) -> None:
     page = text(admin_client.get("/admin/"))
-    in_database = resilience.app.conf.resilience_backout_store == "django"
+    in_database = resilience.runtime.app.conf.resilience_backout_store == "django"
     assert ("Parked task records (database store)" in page) is in_database
     assert (RECORD_URL in page) is in_database
     assert ("Parked tasks (configured store)" in page) is not in_database
@@ -176,12 +200,12 @@ def test_list_shows_the_configured_stores_entries(
 
 
 def test_the_page_shows_the_right_store_kind(resilience: Resilience) -> None:
+    from celery_resilience.backout import RedisBackoutStore
     from celery_resilience.contrib.django.store import DjangoBackoutStore
-    from celery_resilience.parked import RedisBackoutStore
 
-    kind = resilience.app.conf.resilience_backout_store
+    kind = resilience.runtime.app.conf.resilience_backout_store
     expected = DjangoBackoutStore if kind == "django" else RedisBackoutStore
-    assert isinstance(resilience.backout_store, expected)
+    assert isinstance(resilience.runtime.backout_store, expected)
 
 
 def test_filters_narrow_the_list(resilience: Resilience, admin_client: Any) -> None:
@@ -227,9 +251,14 @@ def test_pages_of_entries(resilience: Resilience, admin_client: Any) -> None:
     assert entries[104].id in first
     assert entries[4].id not in first
     assert 'id="next-page"' in first
-    second = text(admin_client.get(STORE_URL, {"p": 1}))
+    assert 'id="last-page"' in first
+    assert "page 1 of 2" in first
+    second = text(admin_client.get(STORE_URL, {"p": 2}))
     assert {e.id for e in entries[:5]} == {e.id for e in entries if e.id in second}
     assert 'id="next-page"' not in second
+    assert 'id="first-page"' in second
+    assert "page 2 of 2" in second
+    assert "105 entries" in second
 
 
 def test_detail_page_shows_args_kwargs_options_and_traceback(
@@ -260,11 +289,7 @@ def test_replay_now_publishes_and_removes_the_entry(
     resilience: Resilience, admin_client: Any, redis_client: redis.Redis, queue: str
 ) -> None:
     kept, replayed = park(resilience, 1), park(resilience, 2)
-    response = admin_client.post(
-        STORE_URL + "?breaker=payments",
-        {"action": "replay_now", "_selected_action": [replayed.id]},
-        follow=True,
-    )
+    response = act(admin_client, STORE_URL + "?breaker=payments", "replay_now", [replayed.id])
     page = text(response)
     assert "Replayed 1 parked task." in page
     assert response.redirect_chain[-1][0] == STORE_URL + "?breaker=payments"  # filters kept
@@ -280,9 +305,7 @@ def test_replay_from_the_detail_page(
     resilience: Resilience, admin_client: Any, redis_client: redis.Redis, queue: str
 ) -> None:
     e = park(resilience, 3)
-    response = admin_client.post(
-        STORE_URL, {"action": "replay_now", "_selected_action": e.id, "index": "0"}, follow=True
-    )
+    response = act(admin_client, STORE_URL, "replay_now", e.id)
     assert "Replayed 1 parked task." in text(response)
     assert [m["id"] for m in published(redis_client, queue)] == [e.task_id]
 
@@ -294,35 +317,30 @@ def test_replay_reports_what_it_could_not_replay_and_sends_unknown_tasks_by_name
     # that has it runs it. Only an entry that is no longer there can't be replayed.
     elsewhere = park(resilience, 1, task_name="shop.only_on_the_workers")
     ok = park(resilience, 2)
-    response = admin_client.post(
-        STORE_URL,
-        {"action": "replay_now", "_selected_action": [elsewhere.id, ok.id, "f" * 32]},
-        follow=True,
-    )
+    fields = {"action": "replay_now", "_selected_action": [elsewhere.id, ok.id, "f" * 32]}
+    asked = text(admin_client.post(STORE_URL, fields))
+    assert "1 of the chosen entries is no longer in the store" in asked.replace("\n", " ")
+    resilience.backout.delete(ok.id)  # gone between the question and the answer
+    response = admin_client.post(STORE_URL, {**fields, "post": "yes"}, follow=True)
     page = text(response)
-    assert "Replayed 2 parked tasks." in page
-    assert "Could not replay 1 entry" in page
-    assert f"{'f' * 32} is no longer in the store" in page
+    assert "Replayed 1 parked task." in page
+    assert "2 of the chosen entries were no longer in the store." in page
     assert resilience.backout.get(elsewhere.id) is None
     sent = {m["id"]: m["task"] for m in published(redis_client, queue)}
-    assert sent == {elsewhere.task_id: "shop.only_on_the_workers", ok.task_id: TASK}
+    assert sent == {elsewhere.task_id: "shop.only_on_the_workers"}
 
 
 def test_discard_deletes_with_a_message(
     resilience: Resilience, admin_client: Any, redis_client: redis.Redis, queue: str
 ) -> None:
     a, b, c = (park(resilience, n) for n in range(3))
-    response = admin_client.post(
-        STORE_URL, {"action": "discard", "_selected_action": [a.id, b.id]}, follow=True
-    )
+    response = act(admin_client, STORE_URL, "discard", [a.id, b.id])
     assert "Discarded 2 parked tasks." in text(response)
     assert resilience.backout.count() == 1
     assert resilience.backout.get(c.id) == c
     assert published(redis_client, queue) == []
-    again = admin_client.post(
-        STORE_URL, {"action": "discard", "_selected_action": [a.id]}, follow=True
-    )
-    assert "Could not discard 1 entry" in text(again)
+    again = act(admin_client, STORE_URL, "discard", [a.id])
+    assert "None of these entries is in the store now." in text(again)
 
 
 def test_an_action_without_selection_says_so(resilience: Resilience, admin_client: Any) -> None:
@@ -360,10 +378,12 @@ def test_an_unreachable_store_is_reported_on_the_page(
     def down(*args: Any, **kwargs: Any) -> Any:
         raise StoreUnavailable("back-out store unreachable: connection refused")
 
-    monkeypatch.setattr(type(resilience.backout_store), "list", down)
+    monkeypatch.setattr(type(resilience.runtime.backout_store), "list", down)
     page = text(admin_client.get(STORE_URL))
     assert 'id="store-error"' in page
     assert "connection refused" in page
+    assert "No parked tasks" not in page  # unknown, not none
+    assert 'id="total"' not in page
 
 
 # -- the database table's page --------------------------------------------------------------
@@ -385,6 +405,32 @@ def test_record_list_filters_and_search(db_resilience: Resilience, admin_client:
     assert f"{RECORD_URL}add/" not in text(admin_client.get(RECORD_URL))
 
 
+def test_record_list_of_a_large_table_counts_no_row(
+    db_resilience: Resilience, admin_client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from celery_resilience.contrib.django import estimates
+
+    pay = park(db_resilience, 1, breaker="payments")
+    mail = park(db_resilience, 2, breaker="mail")
+    # What PostgreSQL says of a table of a million rows (any database: the count is the point).
+    monkeypatch.setattr(estimates, "estimated_count", lambda queryset: 1_000_000)
+    for query in ({}, {"breaker__exact": "mail"}, {"status__exact": "parked"}):
+        with CaptureQueriesContext(connection) as queries:
+            page = text(admin_client.get(RECORD_URL, query))
+        assert not [q for q in queries.captured_queries if "COUNT(" in q["sql"].upper()]
+        assert "1000000 parked task records" in page
+        assert "about</span>" in page
+        assert mail.id in page
+        assert (pay.id in page) is ("breaker__exact" not in query)
+    monkeypatch.setattr(estimates, "estimated_count", lambda queryset: 2)  # small: counted
+    page = text(admin_client.get(RECORD_URL))
+    assert "2 parked task records" in page
+    assert "about</span>" not in page
+
+
 def test_record_detail_decodes_the_payload(db_resilience: Resilience, admin_client: Any) -> None:
     e = park(db_resilience, 5, kwargs={"note": "fragile"})
     page = text(admin_client.get(f"{RECORD_URL}{e.id}/change/"))
@@ -397,18 +443,10 @@ def test_record_actions_replay_and_discard(
     db_resilience: Resilience, admin_client: Any, redis_client: redis.Redis, queue: str
 ) -> None:
     replayed, discarded = park(db_resilience, 1), park(db_resilience, 2)
-    response = admin_client.post(
-        RECORD_URL,
-        {"action": "replay_now", "_selected_action": [replayed.id], "index": "0"},
-        follow=True,
-    )
+    response = act(admin_client, RECORD_URL, "replay_now", [replayed.id])
     assert "Replayed 1 parked task." in text(response)
     assert [m["id"] for m in published(redis_client, queue)] == [replayed.task_id]
-    response = admin_client.post(
-        RECORD_URL,
-        {"action": "discard", "_selected_action": [discarded.id], "index": "0"},
-        follow=True,
-    )
+    response = act(admin_client, RECORD_URL, "discard", [discarded.id])
     assert "Discarded 1 parked task." in text(response)
     assert db_resilience.backout.count() == 0
 
@@ -435,10 +473,14 @@ def test_list_rows_show_short_ids_and_relative_times_with_the_whole_on_hover(
     from celery_resilience.contrib.django.display import when
 
     e = park(resilience, 1, parked_at=time.time() - 190, task_id=str(uuid.uuid4()))
-    in_database = resilience.app.conf.resilience_backout_store == "django"
+    in_database = resilience.runtime.app.conf.resilience_backout_store == "django"
     page = text(admin_client.get(RECORD_URL if in_database else STORE_URL))
-    assert f'title="{e.id}">{e.id[:8]}…<' in page
-    assert f'title="{e.task_id}">{e.task_id[:8]}…<' in page
+    if in_database:  # Django's own list: the entry id is its first column
+        assert f'title="{e.id}">{e.id[:8]}…<' in page
+        assert f'title="{e.task_id}">{e.task_id[:8]}…<' in page
+    else:  # the task id (what Flower and the logs show) opens the entry
+        link = f'href="{STORE_URL}{e.id}/" title="{e.task_id}" data-entry-id="{e.id}"'
+        assert f"{link}>{e.task_id[:8]}…<" in page
     assert f'title="{when(e.parked_at)}">3\xa0minutes ago</time>' in page
     assert ">now<" in page  # due now: a drain replays it once its breaker admits calls
     assert "breaker_open" in page or "breaker open" in page
@@ -464,7 +506,7 @@ def observer(redis_url: str, key_prefix: str) -> Iterator[Resilience]:
     app.conf.resilience_breakers = BREAKERS
     resilience = Resilience(app)
     yield resilience
-    resilience.close()
+    resilience.runtime.close()
     app.close()
 
 
@@ -493,9 +535,13 @@ def test_breakers_page_shows_state_counts_and_open_until(
     assert (pay["consecutive_failures"], pay["window"]) == ("0", "0/0 failed")  # new on opening
     assert re.fullmatch(r"in (29|30)\xa0seconds", pay["open_until"]), pay["open_until"]
     assert f'title="{when(open_until)}">in ' in page  # the exact time on hover
+    assert re.fullmatch(r"\d+\xa0seconds? ago", pay["opened_at"]), pay["opened_at"]
     assert row_of(page, "search")["state"] == "forced_open"
-    assert row_of(page, "search")["open_until"] == "—"
+    assert row_of(page, "search")["open_until"] == "until closed"  # forced, no window
     assert (row_of(page, "search")["in_flight"], pay["in_flight"]) == ("1/4", "—")
+    # No "Force open" on a breaker forced open already; every lever elsewhere.
+    assert f'href="{BREAKERS_URL}search/open/"' not in page
+    assert f'href="{BREAKERS_URL}search/reset/"' in page
     old = row_of(page, "legacy")
     assert (old["state"], old["consecutive_failures"], old["window"]) == (
         "closed",
@@ -503,6 +549,9 @@ def test_breakers_page_shows_state_counts_and_open_until(
         "1/2 failed",
     )
     assert f'href="{STORE_URL}?breaker=legacy"' in page  # its parked tasks
+    assert old["parked"] == "1"
+    assert old["last_error"] == "ConnectionError: gateway refused 1"
+    assert pay["parked"] == "0"
     for action in ("open", "close", "reset"):
         assert f'href="{BREAKERS_URL}payments/{action}/"' in page
 
@@ -538,7 +587,10 @@ def test_force_open_closed_and_reset_ask_first_and_log_who(
     steps.append(("reset", "reset", "closed"))
     before = "closed"
     for action, done, state in steps:
-        response = admin_client.post(f"{BREAKERS_URL}payments/{action}/", follow=True)
+        reason = "gateway maintenance" if action == "open" else ""
+        response = admin_client.post(
+            f"{BREAKERS_URL}payments/{action}/", {"reason": reason}, follow=True
+        )
         assert response.redirect_chain[-1][0] == BREAKERS_URL
         page = text(response)
         assert f"Breaker “payments” {done}: now {state} (was {before})." in page
@@ -547,11 +599,30 @@ def test_force_open_closed_and_reset_ask_first_and_log_who(
         before = state
     logged = [r.getMessage() for r in caplog.records if r.name == "celery_resilience.admin"]
     assert logged == [
-        "Breaker 'payments' forced open from the admin by boss (was closed, now forced_open)",
+        "Breaker 'payments' forced open from the admin by boss (was closed, now forced_open;"
+        " reason: gateway maintenance)",
         "Breaker 'payments' forced closed from the admin by boss"
-        " (was forced_open, now forced_closed)",
-        "Breaker 'payments' reset from the admin by boss (was forced_closed, now closed)",
+        " (was forced_open, now forced_closed; reason: none given)",
+        "Breaker 'payments' reset from the admin by boss (was forced_closed, now closed;"
+        " reason: none given)",
     ]
+    # And in Django's "Recent actions", newest first, with the user and the reason.
+    from django.contrib.admin.models import LogEntry
+
+    recorded = [
+        (e.user.username, e.object_id, e.change_message)
+        for e in LogEntry.objects.order_by("-action_time", "-pk")
+    ]
+    assert recorded == [
+        ("boss", "payments", "Reset (was forced_closed) from the admin."),
+        ("boss", "payments", "Forced closed (was forced_open) from the admin."),
+        (
+            "boss",
+            "payments",
+            "Forced open (was closed) from the admin. Reason: gateway maintenance",
+        ),
+    ]
+    assert "payments" in text(admin_client.get("/admin/"))  # the index's Recent actions
 
 
 def test_reset_closes_a_tripped_breaker(
@@ -572,7 +643,7 @@ def test_unknown_breaker_or_action_changes_nothing(
     res = make_resilience("redis")
     page = text(admin_client.post(f"{BREAKERS_URL}nope/open/", follow=True))
     assert "Unknown breaker &#x27;nope&#x27;." in page
-    assert "nope" not in res.breaker_names()  # a typo made no breaker
+    assert "nope" not in res.runtime.breaker_names()  # a typo made no breaker
     page = text(admin_client.post(f"{BREAKERS_URL}payments/explode/", follow=True))
     assert "Unknown action &#x27;explode&#x27;." in page
     assert res.breaker("payments").state == "closed"
@@ -617,7 +688,7 @@ def test_breakers_need_view_to_look_and_change_to_steer(
 def test_an_unreachable_redis_is_reported_on_the_breakers_page(
     make_resilience: Callable[..., Resilience], admin_client: Any
 ) -> None:
-    from tests.redis_server import free_port
+    from tests.support.redis_server import free_port
 
     make_resilience("redis", redis_at=f"redis://:s3cret@127.0.0.1:{free_port()}/0")
     started = time.monotonic()
@@ -651,10 +722,10 @@ def test_every_admin_message_is_redacted(which: str, django_db: None) -> None:
     model_admin = next(a for a in admin.site._registry.values() if type(a).__name__ == which)
     assert isinstance(model_admin, getattr(admin_module, which))
     request = RequestFactory().get("/")
-    request._messages = CookieStorage(request)  # type: ignore[attr-defined]
+    request._messages = CookieStorage(request)
     url = f"redis://app:{AT_SECRET}@127.0.0.1:6379/0"
     model_admin.message_user(request, f"ConnectionError: no answer from {url}", messages.ERROR)
-    shown = [str(m) for m in request._messages]  # type: ignore[attr-defined]
+    shown = [str(m) for m in request._messages]
     assert shown == ["ConnectionError: no answer from redis://app:***@127.0.0.1:6379/0"]
 
 

@@ -20,11 +20,14 @@ import redis
 from celery import Celery
 
 from celery_resilience import ParkedTask, Resilience
+from celery_resilience.backout import Filter
+from celery_resilience.backout.entry import UNDECODABLE_TASK
 from celery_resilience.contrib.django.store import DjangoBackoutStore, make_store
 from celery_resilience.errors import ConfigurationError, StoreUnavailable
-from celery_resilience.parked import Filter
-from celery_resilience.parked.entry import UNDECODABLE_TASK
-from tests import django_settings
+from tests.support import django_settings
+from tests.support.raw_entries import put_raw
+
+pytestmark = pytest.mark.integration
 
 TASK = "store_test.charge"
 
@@ -154,7 +157,7 @@ def test_mark_dead_ends_a_lease(store: DjangoBackoutStore) -> None:
 
 
 def test_claim_returns_undecodable_entries_as_placeholders(store: DjangoBackoutStore) -> None:
-    store._put_raw("raw-1", b"\x00garbage", breaker="b", parked_at=time.time() - 1)
+    put_raw(store, "raw-1", b"\x00garbage", breaker="b", parked_at=time.time() - 1)
     [placeholder] = store.claim("b", 5, lease=60)
     assert (placeholder.id, placeholder.task_name) == ("raw-1", UNDECODABLE_TASK)
     assert placeholder.dead_reason == "undecodable"
@@ -259,7 +262,7 @@ def test_make_store_takes_the_apps_settings(alias: str) -> None:
     app.conf.resilience_serializer = "pickle"
     app.conf.resilience_backout_max_entries = 5
     app.conf.resilience_dead_ttl = 60.0
-    store = make_store(Resilience(app))
+    store = make_store(Resilience(app).runtime)
     assert (store.serializer, store.max_entries, store.dead_ttl) == ("pickle", 5, 60.0)
     assert store.using == "default"
     assert "pickle" in store.codec.readable
@@ -292,7 +295,7 @@ def test_an_app_on_the_django_store_drains_from_the_database(
     app.task(name=TASK)(charge)
     resilience = Resilience(app)
     try:
-        store = resilience.backout_store
+        store = resilience.runtime.backout_store
         assert isinstance(store, DjangoBackoutStore)
         entries = [entry(n, time.time() - 1, breaker=None) for n in range(3)]
         for e in entries:
@@ -306,5 +309,5 @@ def test_an_app_on_the_django_store_drains_from_the_database(
         args = sorted(json.loads(base64.b64decode(m["body"]))[0][0] for m in sent)
         assert args == [0, 1, 2]
     finally:
-        resilience.close()
+        resilience.runtime.close()
         app.close()

@@ -6,7 +6,10 @@ before a block (invisible on the rendered page) says how:
 - no comment: the block runs alone, in a fresh namespace, in the sandbox below;
 - ``.. docs: continue``: it runs after the blocks before it on the same page, in their namespace;
 - ``.. docs: pytest``: it is a test module; pytest runs it in a subprocess and it must pass;
-- ``.. docs: no-run (reason)``: it is not run; the reason is required, and such blocks are few.
+- ``.. docs: no-run (reason)``: it is not run; the reason is required, and such blocks are few;
+- ``.. docs: excerpt (example_project/FILE)``: it is not run here but is an excerpt of that file
+  of the example project (a working Django project, tested on its own): its lines are the file's,
+  in order, comments aside (``# ...`` marks what was left out).
 
 The sandbox: every Celery app an example makes uses the in-memory broker, runs its tasks eagerly
 (``task_always_eager``), is not made the current app, and keeps its breakers and parked tasks in
@@ -36,10 +39,13 @@ import redis
 from celery import Celery
 
 from celery_resilience import ResilientTask, backoff
+from celery_resilience.backout import BackoutKeys
 from celery_resilience.breaker.redis import RedisBreakerStore
 from celery_resilience.breaker.store import Delivery
 from celery_resilience.config import SETTINGS, BreakerConfig, ResilienceConfig
-from celery_resilience.parked import BackoutKeys
+from celery_resilience.drain.status import last_drain_key
+
+pytestmark = pytest.mark.integration
 
 pytest_plugins = ("pytester",)
 
@@ -58,7 +64,7 @@ DERIVED_DEFAULTS = {"redis_url", "breaker_defaults", "max_countdown", "serialize
 
 MARKER = re.compile(r"^\s*\.\. docs:\s*(?P<mode>[\w-]+)\s*(?P<reason>.*)$")
 CODE_BLOCK = re.compile(r"^(?P<indent>\s*)\.\. code-block:: python\s*$")
-MODES = ("continue", "pytest", "no-run")
+MODES = ("continue", "pytest", "no-run", "excerpt")
 
 
 @dataclass
@@ -223,9 +229,44 @@ def test_every_docs_marker_is_known_and_comes_before_a_python_block() -> None:
             )
 
 
+def code_lines(text: str) -> list[str]:
+    """The lines of code of ``text``, stripped, without comments (``  # ...`` at a line's end)."""
+    lines = (line.split("  # ", 1)[0].strip() for line in text.splitlines())
+    return [line for line in lines if line and not line.startswith("#")]
+
+
+def is_excerpt(part: list[str], whole: list[str]) -> bool:
+    """Each line of ``part`` is a line of ``whole``, in the same order."""
+    rest = iter(whole)
+    return all(line in rest for line in part)
+
+
+def excerpt_blocks() -> list[Block]:
+    return [block for block in all_blocks() if block.mode == "excerpt"]
+
+
+@pytest.mark.parametrize("block", excerpt_blocks(), ids=lambda block: block.id)
+def test_the_example_project_excerpts_are_its_code(block: Block) -> None:
+    source = ROOT / block.reason
+    assert block.reason.startswith("example_project/"), block.reason
+    assert source.is_file(), f"{block.id}: no {block.reason}"
+    whole, part = code_lines(source.read_text()), code_lines(block.code)
+    missing = [line for line in part if line not in whole]
+    assert missing == [], f"{block.id}: not in {block.reason}"
+    assert is_excerpt(part, whole), f"{block.id}: in another order than in {block.reason}"
+
+
+def test_an_excerpt_that_drifted_from_its_file_is_caught() -> None:
+    whole = code_lines("x = 1\n# why\ny = 2  # two\nz = 3\n")
+    assert is_excerpt(code_lines("x = 1\n# ...\nz = 3  # three\n"), whole)
+    assert not is_excerpt(code_lines("z = 3\nx = 1\n"), whole)  # another order
+    assert not is_excerpt(code_lines("x = 1\ny = 3\n"), whole)  # another value
+
+
 def test_examples_were_found() -> None:
     assert len(chains()) >= 15
     assert len(pytest_blocks()) >= 2
+    assert len(excerpt_blocks()) >= 5
 
 
 # -- the configuration reference --------------------------------------------------------------
@@ -388,14 +429,19 @@ def test_the_key_layout_on_the_design_page_is_the_codes() -> None:
     known = {f.name for f in dataclasses.fields(Delivery)}
     delivery = Delivery(**{k: v for k, v in message.items() if k in known})  # type: ignore[arg-type]
     store = BackoutKeys.for_prefix("<prefix>")
+    derived = RedisBreakerStore(
+        redis.Redis(), "<prefix>", lambda name: "<base>" if name.startswith("<base>:") else None
+    )
     keys = [
-        *breakers.keys("<name>"),
+        *breakers.keys("<name>")[:3],  # KEYS[4..6] of a declared breaker are never written
+        *derived.keys("<base>:<key>"),
         *breakers._delivery_keys("<name>", delivery),
         breakers._tag(None),
         "<prefix>:breakers",
         *(getattr(store, f.name) for f in dataclasses.fields(store) if f.name != "tag"),
         store.ready("<breaker>"),
         f"{store.tag}:drain-lock",
+        last_drain_key("<prefix>"),
     ]
     missing = [key for key in keys if key not in text]
     assert missing == []
@@ -458,6 +504,39 @@ def test_the_pages_name_no_machine_paths() -> None:
         text = path.read_text()
         for pattern in ("/work/", "/tmp/", "/root/", "/home/", "/Users/", "C:\\"):
             assert pattern not in text, f"{path.name} names {pattern}"
+
+
+# -- screenshots and captures -----------------------------------------------------------------
+
+#: The tests that take what ``docs/_static/shots/`` holds (``tests.support.browser.keep_for_docs``):
+#: ``admin-STEP.png`` by the admin's browser test (its ``steps.shot("STEP")``), the others by name.
+SHOT_TAKERS = {"admin-": "test_admin_browser.py", "cli-": "test_admin_browser.py"}
+SHOT_TAKERS["flower-"] = "test_flower.py"
+
+
+def taken_by_a_test(name: str) -> bool:
+    taker = next((f for p, f in SHOT_TAKERS.items() if name.startswith(p)), None)
+    if taker is None:
+        return False
+    source = (ROOT / "tests" / taker).read_text()
+    if name.startswith("admin-"):
+        step = name.removeprefix("admin-").removesuffix(".png")
+        return f'steps.shot("{step}")' in source
+    if name.startswith("cli-"):  # cli-COMMAND.txt: the capture of ``resilience COMMAND``
+        command = name.removeprefix("cli-").removesuffix(".txt")
+        return "capture_cli_for_docs(" in source and f'"{command}"' in source
+    return f'keep_for_docs("{name}"' in source
+
+
+def test_every_screenshot_a_page_shows_is_there_and_a_test_takes_it() -> None:
+    from tests.support.browser import DOCS_SHOTS, shown_in_docs
+
+    shown = shown_in_docs()
+    assert {"admin-parked-tasks.png", "flower-parked.png", "cli-status.txt"} <= shown
+    kept = {path.name for path in DOCS_SHOTS.iterdir()} if DOCS_SHOTS.is_dir() else set()
+    assert shown - kept == set(), "shown, but no file: run the test that takes it"
+    assert kept - shown == set(), "a file no page shows: remove it"
+    assert [name for name in sorted(shown) if not taken_by_a_test(name)] == []
 
 
 # -- the build --------------------------------------------------------------------------------

@@ -39,9 +39,10 @@ from urllib.parse import unquote, urlsplit
 
 import pytest
 
-from tests.browser import chrome, missing_browser, wait_for
+from tests.support.browser import chrome, missing_browser, wait_for
 
 pytestmark = [
+    pytest.mark.integration,
     pytest.mark.slow,
     pytest.mark.timeout(180),
     # A contributor without Chromium skips; CI, where ./scripts/test installs it, fails instead.

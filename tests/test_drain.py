@@ -20,12 +20,17 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_resilience import ParkedTask, Resilience, drain, replay, sending
+from celery_resilience import ParkedTask, Resilience
+from celery_resilience.backout import Filter, MemoryBackoutStore, RedisBackoutStore
 from celery_resilience.breaker import MemoryBreakerStore
-from celery_resilience.drain import Drainer, DrainReport
-from celery_resilience.drain_batch import PUBLISH_RETRY_DELAY
-from celery_resilience.parked import Filter, MemoryBackoutStore, RedisBackoutStore
+from celery_resilience.drain import Drainer, DrainReport, drainer, replay, sending
+from celery_resilience.drain.batch import PUBLISH_RETRY_DELAY
+from celery_resilience.drain.lock import drain_lock
+from celery_resilience.errors import DrainBusy, EntryNotFound, NotReplayable, ResilienceError
 from celery_resilience.runtime import Runtime
+from tests.support.raw_entries import put_raw
+
+pytestmark = pytest.mark.integration
 
 TASK = "t.charge"
 KINDS = ["redis", "memory"]
@@ -120,7 +125,7 @@ def make_resilience(redis_url: str, key_prefix: str, queue: str) -> Iterator[Mak
         app.task(name=TASK)(charge)
         if kind == "memory":
             breakers = like.runtime.breaker_store if like else MemoryBreakerStore()
-            backout = like.backout_store if like else MemoryBackoutStore()
+            backout = like.runtime.backout_store if like else MemoryBackoutStore()
             resilience = Resilience(app, breaker_store=breakers, backout=backout)
         else:
             resilience = Resilience(app)
@@ -130,7 +135,7 @@ def make_resilience(redis_url: str, key_prefix: str, queue: str) -> Iterator[Mak
 
     yield make
     for app, resilience in apps:
-        resilience.close()
+        resilience.runtime.close()
         app.close()
 
 
@@ -165,7 +170,7 @@ def park(
         }
         values.update(fields)
         entry = ParkedTask.new(**values)
-        resilience.backout_store.park(entry)
+        resilience.runtime.backout_store.park(entry)
         entries.append(entry)
     return entries
 
@@ -182,7 +187,7 @@ class PublishSpy:
         self.task_ids: list[str] = []
         self.times: list[float] = []
         self._lock = threading.Lock()
-        original = sending.publish
+        original = sending.publish  # type: ignore[attr-defined]  # the drain's, spied on
 
         def spy(runtime: Runtime, entry: ParkedTask, producer: Any = None) -> None:
             if hook is not None:
@@ -237,7 +242,7 @@ def test_drain_publishes_due_entries_with_their_ids_args_and_options(
         assert message.priority == entry.options.get("priority", 0)
     hdr = next(e for e in due if e.task_id.startswith("hdr"))
     assert messages[hdr.task_id].headers["x-trace"] == "abc"
-    store = resilience.backout_store
+    store = resilience.runtime.backout_store
     assert store.count() == 2
     assert {e.id for e in store.list()} == {e.id for e in later}
     assert all(store.get(e.id) is None for e in due)
@@ -290,7 +295,7 @@ def test_open_breaker_releases_nothing(
     assert report.breakers["dep"]["skipped"] == 10
     assert sent_count(redis_client, queue) == 0
     assert resilience.backout.count(breaker="dep", status="parked") == 10
-    assert resilience.backout_store.in_flight() == 0
+    assert resilience.runtime.backout_store.in_flight() == 0
 
 
 def test_half_open_breaker_releases_only_its_probe_permits(
@@ -342,7 +347,7 @@ def test_closed_breaker_drains_everything_in_batches_at_the_rate(
     # bucket), each later one waits for 100 tokens, 0.5 s.
     resilience = make_resilience(kind, drain_batch=100, drain_rate=200.0)
     park(resilience, 300, queue)
-    store = resilience.backout_store
+    store = resilience.runtime.backout_store
     claims: list[int] = []
     claim = store.claim
 
@@ -391,7 +396,7 @@ def test_breaker_reopening_mid_drain_stops_it_within_one_batch(
     assert report.replayed == len(spy.task_ids) == sent_count(redis_client, queue)
     assert resilience.backout.count() == 100 - report.replayed
     assert report.skipped == 100 - report.replayed
-    assert resilience.backout_store.in_flight() == 0
+    assert resilience.runtime.backout_store.in_flight() == 0
 
 
 def test_entries_without_a_breaker_drain_without_gating(
@@ -431,8 +436,8 @@ def test_bad_entries_end_dead_and_never_stop_the_drain(
     kind: str, make_resilience: MakeResilience, redis_client: redis.Redis, queue: str
 ) -> None:
     resilience = make_resilience(kind, max_replays=3, drain_batch=4)
-    store = resilience.backout_store
-    store._put_raw("corrupt", b"garbage", breaker="dep", parked_at=time.time() - 120)
+    store = resilience.runtime.backout_store
+    put_raw(store, "corrupt", b"garbage", breaker="dep", parked_at=time.time() - 120)
     (gone,) = park(resilience, 1, queue, task_name="t.gone", tag="gone")
     (worn,) = park(resilience, 1, queue, replays=3, tag="worn")
     (young,) = park(resilience, 1, queue, replays=2, tag="young")
@@ -460,7 +465,7 @@ def test_entry_with_unreadable_metadata_never_stops_the_drain(
 ) -> None:
     # E.g. a reason added by a newer release, read by an older drainer during a rolling deploy.
     resilience = make_resilience("redis")
-    store = resilience.backout_store
+    store = resilience.runtime.backout_store
     assert isinstance(store, RedisBackoutStore)
     odd, *good = park(resilience, 3, queue)
     store.client.hset(store.keys.meta, odd.id, "parked|from_the_future||dep")
@@ -512,12 +517,12 @@ def test_publish_refused_by_the_broker_leaves_the_rest_parked(
 
     assert (report.replayed, report.errors) == (2, 1)
     assert sent_ids(redis_client, queue) == spy.task_ids == [e.task_id for e in entries[:2]]
-    store = resilience.backout_store
+    store = resilience.runtime.backout_store
     assert store.count(Filter(status="parked")) == 8
     assert {e.id for e in store.list()} == {e.id for e in entries[2:]}
     assert store.in_flight() == 0
     # Given back, due again a little later: an immediate drain does not hammer the broker.
-    now = resilience.now()
+    now = resilience.runtime.now()
     assert store.due("dep", now=now) == 0
     assert store.due("dep", now=now + PUBLISH_RETRY_DELAY + 1) == 8
 
@@ -539,8 +544,9 @@ def test_replay_publishes_now_whatever_the_breaker_says(
     assert (message.task_id, message.args, message.replays) == (entry.task_id, entry.args, 2)
     assert resilience.backout.get(entry.id) is None
     assert resilience.backout.get(other.id) == other
-    with pytest.raises(KeyError):
+    with pytest.raises(EntryNotFound) as gone:
         resilience.backout.replay(entry.id)
+    assert isinstance(gone.value, KeyError)  # what callers caught before it had a name
     with pytest.raises(KeyError):
         resilience.backout.replay("no-such-entry")
 
@@ -564,8 +570,9 @@ def test_replay_of_an_expired_entry_refuses_and_marks_it_dead(
     gone = "2020-01-01T00:00:00+00:00"
     (entry,) = park(resilience, 1, queue, options={"queue": queue, "expires": gone})
 
-    with pytest.raises(ValueError, match="expired at 2020-01-01T00:00:00"):
+    with pytest.raises(NotReplayable, match="expired at 2020-01-01T00:00:00") as refused:
         resilience.backout.replay(entry.id)
+    assert isinstance(refused.value, ValueError)
 
     kept = resilience.backout.get(entry.id)
     assert kept is not None
@@ -577,12 +584,12 @@ def test_a_person_may_replay_a_dead_entry_but_not_one_that_cannot_be_read(
     kind: str, make_resilience: MakeResilience, redis_client: redis.Redis, queue: str
 ) -> None:
     resilience = make_resilience(kind)
-    store = resilience.backout_store
+    store = resilience.runtime.backout_store
     spent, unreadable = park(resilience, 2, queue)
     assert store.mark_dead(spent.id, "max_replays")
     # Bytes that decode to nothing: the entry is kept, dead "undecodable", whatever a person does.
     if kind == "redis":
-        store._put_raw(unreadable.id, b"\xff not an entry")  # type: ignore[attr-defined]
+        put_raw(store, unreadable.id, b"\xff not an entry")
     else:
         store.mark_dead(unreadable.id, "undecodable")
 
@@ -623,7 +630,7 @@ def race(first: Resilience, second: Resilience) -> list[list[DrainReport]]:
 
 
 def _drain_until_empty(resilience: Resilience, reports: list[DrainReport], stop: float) -> None:
-    while resilience.backout_store.count() and time.monotonic() < stop:
+    while resilience.runtime.backout_store.count() and time.monotonic() < stop:
         report = Drainer(resilience.runtime).run()
         reports.append(report)
         if report.locked:
@@ -664,7 +671,7 @@ def test_claims_are_exclusive_even_without_the_drain_lock(
     first = make_resilience(kind, drain_batch=10)
     second = make_resilience(kind, like=first, drain_batch=10)
     park(first, 150, queue)
-    monkeypatch.setattr(drain, "drain_lock", _no_lock)
+    monkeypatch.setattr(drainer, "drain_lock", _no_lock)
     PublishSpy(monkeypatch, lambda n, entry: time.sleep(0.001))
     reports = race(first, second)
 
@@ -708,6 +715,31 @@ def test_replay_waits_for_a_running_drain(
     runner.join()
     ledger = sent_ids(redis_client, queue)
     assert len(ledger) == len(set(ledger)) == 20
+
+
+def test_replay_gives_up_with_drain_busy_while_a_drain_keeps_the_lock(
+    kind: str,
+    make_resilience: MakeResilience,
+    redis_client: redis.Redis,
+    queue: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given a drain that holds the lock longer than a replay waits for it
+    resilience = make_resilience(kind)
+    (entry,) = park(resilience, 1, queue)
+    monkeypatch.setattr(replay, "REPLAY_WAIT", 0.2)
+    with drain_lock(resilience.runtime, 30.0) as held:
+        assert held is not None
+        # When a person replays an entry meanwhile
+        with pytest.raises(DrainBusy, match="a drain holds the lock") as busy:
+            resilience.backout.replay(entry.id)
+    # Then the error is the package's and still the TimeoutError callers caught; nothing moved
+    assert isinstance(busy.value, TimeoutError)
+    assert isinstance(busy.value, ResilienceError)
+    assert resilience.backout.get(entry.id) == entry
+    assert sent_count(redis_client, queue) == 0
+    resilience.backout.replay(entry.id)  # the lock given up: the replay goes through
+    assert sent_count(redis_client, queue) == 1
 
 
 def test_pacing_longer_than_the_lease_neither_duplicates_nor_crashes(
@@ -754,7 +786,7 @@ def test_drain_task_is_registered_and_scheduled_by_beat(
     make_resilience: MakeResilience, redis_client: redis.Redis, queue: str
 ) -> None:
     resilience = make_resilience("redis", drain_slow_start=5)
-    app = resilience.app
+    app = resilience.runtime.app
     assert "celery_resilience.drain" in app.tasks
     schedule = resilience.beat_schedule(every=5)
     assert schedule["task"] == "celery_resilience.drain"

@@ -22,14 +22,15 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_resilience import ParkedTask, Resilience, sending
-from celery_resilience.drain import Drainer, DrainReport
+from celery_resilience import ParkedTask, Resilience
+from celery_resilience.backout import Filter
+from celery_resilience.drain import Drainer, DrainReport, sending
 from celery_resilience.errors import StoreUnavailable
-from celery_resilience.parked import Filter
-from tests.redis_server import RedisServer
+from celery_resilience.runtime import Runtime
+from tests.support.redis_server import RedisServer
 from tests.test_drain import TASK, charge, park, queue_keys, sent_count, sent_ids
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parent.parent
 LEASE = 2.0  # seconds: claimed entries of a dead drainer are due again this soon
@@ -54,11 +55,11 @@ def make_resilience(
 
 def slowed_publish(seconds: float) -> Callable[..., None]:
     """``sending.publish`` (the drain's) taking ``seconds`` longer each time (a slow broker)."""
-    original = sending.publish
+    original = sending.publish  # type: ignore[attr-defined]  # the drain's, slowed down
 
-    def slow(resilience: Resilience, entry: ParkedTask, producer: Any = None) -> None:
+    def slow(runtime: Runtime, entry: ParkedTask, producer: Any = None) -> None:
         time.sleep(seconds)
-        original(resilience, entry, producer)
+        original(runtime, entry, producer)
 
     return slow
 
@@ -66,7 +67,7 @@ def slowed_publish(seconds: float) -> Callable[..., None]:
 def drain_in_child(broker_url: str, prefix: str, queue: str) -> None:
     """The drainer the test kills: one run, 20 ms a publish, ``LEASE`` lease."""
     resilience = make_resilience(broker_url, prefix, queue)
-    sending.publish = slowed_publish(0.02)  # type: ignore[assignment]
+    sending.publish = slowed_publish(0.02)  # type: ignore[attr-defined]  # the drain's
     Drainer(resilience.runtime, lease=LEASE).run()
 
 
@@ -134,7 +135,7 @@ def test_drainer_killed_mid_batch_loses_nothing(
 ) -> None:
     resilience = make_resilience(redis_url, key_prefix, queue)
     entries = park(resilience, 200, queue)
-    store = resilience.backout_store
+    store = resilience.runtime.backout_store
     log = tmp_path / "child.log"
     code = (
         "import sys; from tests.test_drain_chaos import drain_in_child; "
@@ -201,7 +202,7 @@ def test_store_and_breakers_survive_a_redis_restart_mid_drain(
             drain_batch=batch,
             breakers={"down": {"failure_threshold": 2, "open_timeout": 300.0}},
         )
-        store = resilience.backout_store
+        store = resilience.runtime.backout_store
         down, held = resilience.breaker("down"), resilience.breaker("held")
         for _ in range(2):
             down.acquire().failure()

@@ -18,8 +18,15 @@ import redis
 from celery import Celery
 
 from celery_resilience import Resilience
-from celery_resilience.drain import FOLLOW_UP_BUSY
-from celery_resilience.queue_room import queue_depth
+from celery_resilience.drain.gate import (
+    BULKHEAD_PATIENCE,
+    FOLLOW_UP_BUSY,
+    FOLLOW_UP_HELD,
+    FOLLOW_UP_MAX,
+    FOLLOW_UP_MIN,
+)
+from celery_resilience.drain.pace import STALE
+from celery_resilience.drain.queue_room import queue_depth
 from tests.conftest import service_missing
 from tests.test_drain import (
     MakeResilience,
@@ -31,6 +38,8 @@ from tests.test_drain import (
     sent_count,
     wait_for,
 )
+
+pytestmark = pytest.mark.integration
 
 DRAIN_TASK = "celery_resilience.drain"
 
@@ -83,13 +92,13 @@ def test_a_pass_sends_only_what_the_queue_has_room_for(
 
     report = resilience.drain_once()
 
-    # Then 2 replays go (6 - 4), the rest waits parked, and the next pass waits for room
+    # Then 2 replays go (6 - 4), the rest waits parked, and the next pass comes soon: the
+    # queue had room, so its workers keep up
     assert report.replayed == 2
     assert len(replays(redis_client, queue)) == 2
     assert resilience.backout.count() == 8
-    assert resilience.backout_store.in_flight() == 0
-    assert report.next_in is not None
-    assert report.next_in >= FOLLOW_UP_BUSY
+    assert resilience.runtime.backout_store.in_flight() == 0
+    assert report.next_in == pytest.approx(FOLLOW_UP_MIN)
 
     # When the workers took everything, the next pass fills the queue again, no more
     for key in queue_keys(redis_client, queue):
@@ -111,7 +120,9 @@ def test_a_full_queue_releases_nothing_and_gives_every_claim_back(
 
     assert (report.replayed, report.skipped) == (0, 5)
     assert replays(redis_client, queue) == []
-    assert resilience.backout_store.due("-") == 5  # due at once for the next pass
+    assert resilience.runtime.backout_store.due("-") == 5  # due at once for the next pass
+    # The workers are behind the last pass: the next one waits longer
+    assert report.next_in == pytest.approx(FOLLOW_UP_BUSY)
 
 
 def test_without_a_depth_limit_the_queue_is_not_asked(
@@ -139,7 +150,7 @@ def test_the_beat_task_returns_at_once_and_sends_its_next_pass(
         drain_rate=2.0, drain_batch=10, drain_slow_start=10, drain_max_queue_depth=None
     )
     park(resilience, 30, queue, breaker=None)
-    task = resilience.app.tasks[DRAIN_TASK]
+    task = resilience.runtime.app.tasks[DRAIN_TASK]
 
     started = time.monotonic()
     first = task.apply().get()
@@ -198,7 +209,7 @@ def trip_and_close(resilience: Resilience) -> None:
     assert breaker.state == "open"
     wait_for(lambda: breaker.state == "half_open")
     breaker.acquire().success()  # the probe: the dependency is back
-    assert breaker.state == "closed"
+    assert breaker.state == "closed"  # type: ignore[comparison-overlap]  # it changed
 
 
 def test_after_a_close_the_drain_starts_small_and_doubles_up_to_the_batch(
@@ -238,7 +249,7 @@ def test_a_window_the_queue_cut_short_does_not_grow(
     assert resilience.drain_once().replayed == 2  # room for 2 (4 waiting), the window now 8
 
 
-def test_a_half_open_pass_sends_its_probes_only_and_leaves_the_rest_to_beat(
+def test_a_half_open_pass_sends_its_probes_only_and_looks_again_soon(
     make_resilience: MakeResilience,  # noqa: F811
     redis_client: redis.Redis,
     queue: str,  # noqa: F811
@@ -254,8 +265,115 @@ def test_a_half_open_pass_sends_its_probes_only_and_leaves_the_rest_to_beat(
 
     report = resilience.drain_once()
 
-    assert (report.replayed, report.skipped, report.next_in) == (2, 8, None)
+    # The probes decide; the next pass comes shortly after, not at beat's next tick, so the
+    # rest goes out soon after the probes close the breaker
+    assert (report.replayed, report.skipped, report.next_in) == (2, 8, FOLLOW_UP_HELD)
     assert len(sent(redis_client, queue)) == 2
+    # and it sends no more probes in this half-open, even before a worker took the first ones
+    again = resilience.drain_once()
+    assert (again.replayed, again.next_in) == (0, FOLLOW_UP_HELD)
+    assert len(sent(redis_client, queue)) == 2
+    # A new trip's half-open gets its own round
+    breaker.acquire().failure()  # the breaker has no probe out of its own: a failure reopens it
+    wait_for(lambda: breaker.state == "half_open")
+    assert resilience.drain_once().replayed == 2
+
+
+@pytest.mark.parametrize(("open_timeout", "expected"), [(4.0, (3.0, 4.0)), (60.0, None)])
+def test_an_open_breakers_next_pass_comes_when_it_half_opens(
+    make_resilience: MakeResilience,  # noqa: F811
+    redis_client: redis.Redis,
+    queue: str,  # noqa: F811
+    open_timeout: float,
+    expected: tuple[float, float] | None,
+) -> None:
+    resilience = make_resilience(
+        breakers={"dep": {"failure_threshold": 1, "open_timeout": open_timeout}}
+    )
+    breaker = resilience.breaker("dep")
+    breaker.acquire().failure()
+    park(resilience, 5, queue)
+
+    report = resilience.drain_once()
+
+    assert (report.replayed, report.skipped) == (0, 5)
+    assert sent(redis_client, queue) == []
+    assert report.next_in is not None
+    if expected is None:  # open for longer: a look every FOLLOW_UP_MAX seconds
+        assert report.next_in == FOLLOW_UP_MAX
+    else:  # when open_until comes, by Redis's clock
+        assert expected[0] < report.next_in <= expected[1]
+
+
+def test_the_next_pass_is_the_soonest_any_breaker_asks_for(
+    make_resilience: MakeResilience,  # noqa: F811
+    queue: str,  # noqa: F811
+) -> None:
+    resilience = make_resilience(
+        breakers={
+            "dep": {"failure_threshold": 1, "open_timeout": 60.0},
+            "other": {"failure_threshold": 1, "open_timeout": 3.0},
+        }
+    )
+    for name in ("dep", "other"):
+        resilience.breaker(name).acquire().failure()
+        park(resilience, 2, queue, breaker=name, tag=name)
+
+    report = resilience.drain_once()
+
+    assert report.next_in is not None
+    assert 2.0 < report.next_in <= 3.0
+
+
+def test_a_breaker_held_open_by_a_person_leaves_the_next_pass_to_beat(
+    make_resilience: MakeResilience,  # noqa: F811
+    queue: str,  # noqa: F811
+) -> None:
+    resilience = make_resilience()
+    resilience.breaker("dep").force_open()
+    park(resilience, 5, queue)
+
+    report = resilience.drain_once()
+
+    assert (report.replayed, report.skipped, report.next_in) == (0, 5, None)
+
+
+def test_a_bulkhead_that_stays_full_holds_replays_back_and_a_moments_one_does_not(
+    make_resilience: MakeResilience,  # noqa: F811
+    redis_client: redis.Redis,
+    queue: str,  # noqa: F811
+) -> None:
+    resilience = make_resilience(
+        drain_slow_start=2,
+        drain_max_queue_depth=None,
+        breakers={"dep": {"max_concurrent_calls": 1}},
+    )
+    breaker = resilience.breaker("dep")
+    permit = breaker.acquire()  # the one call in flight
+    park(resilience, 20, queue)
+
+    # A bulkhead full at one moment is a busy recovery: the pass sends (what finds it full
+    # waits in the broker)
+    first = resilience.drain_once()
+    # Full for longer than BULKHEAD_PATIENCE: the dependency hangs, the passes hold
+    time.sleep(BULKHEAD_PATIENCE + 0.1)
+    held = resilience.drain_once()
+    # A free slot ends it
+    permit.success()
+    freed = resilience.drain_once()
+
+    assert first.replayed == 2
+    assert (held.replayed, held.next_in) == (0, FOLLOW_UP_HELD)
+    assert freed.replayed == 4  # the slow start's window, doubled by the first pass
+    assert len(sent(redis_client, queue)) == 6
+    # and a slot seen free forgets when the bulkhead was full: full again, the pass sends
+    again = breaker.acquire()
+    assert resilience.drain_once().replayed == 8
+    # So does a sighting too old to say it stayed full (no pass looked meanwhile)
+    again.success()
+    time.sleep(STALE + 0.1)
+    breaker.acquire()
+    assert resilience.drain_once().replayed == 6  # the rest
 
 
 # -- a queue of their own ------------------------------------------------------------------------
@@ -314,7 +432,7 @@ def test_the_depth_of_a_queue_under_kombus_global_key_prefix_is_counted(
         assert resilience.drain_once().replayed == 2
         assert queue_depth(app, queue) == 5
     finally:
-        resilience.close()
+        resilience.runtime.close()
         app.close()
 
 

@@ -7,6 +7,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import cast
 
 import pytest
 import redis
@@ -14,8 +15,10 @@ import redis
 from celery_resilience import ParkedTask, Resilience
 from celery_resilience.contrib.pytest import delete_prefix
 
-from . import workerapp
-from .worker_process import WorkerProcess, wait_until
+from .apps import workerapp
+from .support.worker_process import WorkerProcess, wait_until
+
+pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
@@ -40,7 +43,7 @@ def test_the_drains_next_passes_bring_a_backlog_home_without_beat(
         now = time.time()
         ids = [f"{prefix}-order-{i}" for i in range(40)]
         for i, task_id in enumerate(ids):
-            resilience.backout_store.park(
+            resilience.runtime.backout_store.park(
                 ParkedTask.new(
                     task_name="workerapp.charge",
                     task_id=task_id,
@@ -60,12 +63,11 @@ def test_the_drains_next_passes_bring_a_backlog_home_without_beat(
         runs = f"{prefix}:ledger:runs"
         wait_until(lambda: redis_client.hlen(runs) == 40, "every charge run", 60)
         assert resilience.backout.count() == 0
-        assert {k.decode(): int(v) for k, v in redis_client.hgetall(runs).items()} == dict.fromkeys(
-            ids, 1
-        )
+        raw = cast(dict[bytes, bytes], redis_client.hgetall(runs))
+        assert {k.decode(): int(v) for k, v in raw.items()} == dict.fromkeys(ids, 1)
         passes = worker.log().count("Task celery_resilience.drain[") // 2  # received, succeeded
         assert passes >= 4  # 2, 4, 8, then no more than the queue's room at a time
     finally:
-        resilience.close()
+        resilience.runtime.close()
         app.close()
         worker.stop()

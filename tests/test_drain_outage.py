@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import uuid
 
+import pytest
 import redis
 from celery import Celery
 
 from celery_resilience import ParkedTask, Resilience
-from tests.redis_server import RedisServer
+from tests.support.redis_server import RedisServer
+
+pytestmark = pytest.mark.integration
 
 
 def test_a_drain_without_its_redis_reports_an_error_and_the_next_one_finishes(
@@ -27,7 +30,7 @@ def test_a_drain_without_its_redis_reports_an_error_and_the_next_one_finishes(
         ids = [str(uuid.uuid4()) for _ in range(5)]
         resilience = Resilience(app)
         for n, task_id in enumerate(ids):
-            resilience.backout_store.park(
+            resilience.runtime.backout_store.park(
                 ParkedTask.new(
                     task_name="outage.charge",
                     task_id=task_id,

@@ -20,16 +20,18 @@ from celery import Celery
 from celery_resilience import ParkedTask, Resilience
 from celery_resilience.contrib.pytest import delete_prefix
 
-from . import workerapp
-from .worker_process import WorkerProcess, wait_until
+from .apps import workerapp
+from .support.worker_process import WorkerProcess, wait_until
+
+pytestmark = pytest.mark.integration
 
 
 def test_replay_loads_the_apps_task_modules_first(
     redis_url: str, key_prefix: str, redis_client: redis.Redis
 ) -> None:
-    sys.modules.pop("tests.lazy_tasks", None)
+    sys.modules.pop("tests.apps.lazy_tasks", None)
     app = Celery("lazy", broker=redis_url, set_as_current=False)
-    app.conf.imports = ("tests.lazy_tasks",)
+    app.conf.imports = ("tests.apps.lazy_tasks",)
     app.conf.resilience_key_prefix = key_prefix
     queue = f"{key_prefix}-queue"
     resilience = Resilience(app)
@@ -41,7 +43,7 @@ def test_replay_loads_the_apps_task_modules_first(
         args=[7],
         options={"queue": queue},
     )
-    resilience.backout_store.park(entry)
+    resilience.runtime.backout_store.park(entry)
     try:
         resilience.backout.replay(entry.id)
         assert redis_client.llen(queue) == 1
@@ -80,7 +82,7 @@ def test_a_drain_on_a_worker_without_the_task_replays_it_for_one_that_has_it(
             parked_at=time.time() - 60,
             due_at=time.time() - 60,
         )
-        resilience.backout_store.park(entry)
+        resilience.runtime.backout_store.park(entry)
 
         report = app.tasks["celery_resilience.drain"].apply().get()
 
@@ -89,7 +91,7 @@ def test_a_drain_on_a_worker_without_the_task_replays_it_for_one_that_has_it(
         assert resilience.backout.count() == 0
         succeeded = f"{prefix}:ledger:succeeded"
         wait_until(lambda: redis_client.sismember(succeeded, task_id), "the replay ran", 30)
-        resilience.close()
+        resilience.runtime.close()
         app.close()
     finally:
         worker.stop()

@@ -14,10 +14,14 @@ import redis
 from celery import Celery
 
 from celery_resilience import ParkedTask, Resilience
+from celery_resilience.backout import Codec, Filter
 from celery_resilience.metrics import ResilienceCollector
-from celery_resilience.parked import Codec, Filter
-from tests import django_settings, test_drain
+from tests import test_drain
+from tests.support import django_settings
+from tests.support.raw_entries import put_raw
 from tests.test_drain import TASK, MakeResilience, charge, sent, sent_ids
+
+pytestmark = pytest.mark.integration
 
 #: The drain suite's fixtures: an app with its own queue and key prefix.
 make_resilience, queue = test_drain.make_resilience, test_drain.queue
@@ -41,7 +45,7 @@ def task_entry(n: int, **fields: Any) -> ParkedTask:
 
 def put(store: Any, e: ParkedTask, data: bytes) -> None:
     """Bytes written straight into the store under ``e``'s id, with a park's meta."""
-    store._put_raw(e.id, data, breaker=e.breaker, reason=e.reason, parked_at=e.parked_at)
+    put_raw(store, e.id, data, breaker=e.breaker, reason=e.reason, parked_at=e.parked_at)
 
 
 def forge(store: Any) -> dict[str, str]:
@@ -59,7 +63,7 @@ def forge(store: Any) -> dict[str, str]:
 def assert_only_the_real_one_went_out(res: Resilience, ids: dict[str, str], queue: str) -> None:
     report = res.drain()
     assert (report.replayed, report.dead) == (1, 3)
-    store = res.backout_store
+    store = res.runtime.backout_store
     dead = {e.id: e.dead_reason for e in store.list(Filter(status="dead"))}
     assert dead == {
         ids["unsigned"]: "unsigned",
@@ -74,7 +78,7 @@ def test_the_drain_publishes_no_forged_entry_from_redis(
     make_resilience: MakeResilience, redis_client: redis.Redis, queue: str
 ) -> None:
     res = make_resilience(signing_key=KEY)
-    ids = forge(res.backout_store)
+    ids = forge(res.runtime.backout_store)
     assert_only_the_real_one_went_out(res, ids, queue)
     assert sent_ids(redis_client, queue) == ["trust-1"]
     assert [s.args for s in sent(redis_client, queue)] == [[1]]
@@ -109,7 +113,7 @@ def test_the_drain_publishes_no_forged_entry_from_the_database(
         assert_only_the_real_one_went_out(res, ids, queue)
         assert sent_ids(redis_client, queue) == ["trust-1"]
     finally:
-        res.close()
+        res.runtime.close()
         app.close()
 
 
@@ -119,7 +123,7 @@ def test_an_entry_moved_under_another_breaker_is_quarantined(
     """Its own breaker is open; someone moved it into a closed one's ready set and meta."""
     res = make_resilience(signing_key=KEY)
     res.breaker("payments").force_open()
-    store = res.backout_store
+    store = res.runtime.backout_store
     e = task_entry(1, breaker="payments")
     store.park(e)
     keys = store.keys  # type: ignore[attr-defined]
@@ -138,7 +142,7 @@ def test_a_replay_on_demand_refuses_and_quarantines_a_forged_entry(
 ) -> None:
     res = make_resilience(signing_key=KEY)
     forged = task_entry(1)
-    put(res.backout_store, forged, Codec("json").encode(forged))
+    put(res.runtime.backout_store, forged, Codec("json").encode(forged))
     with pytest.raises(ValueError, match="trusted"):
         res.backout.replay(forged.id)
     assert sent_ids(redis_client, queue) == []
@@ -155,7 +159,7 @@ def test_a_drainer_without_the_encryption_key_publishes_nothing(
 
     key = Fernet.generate_key().decode()
     parker = make_resilience(encryption_key=key)
-    parker.backout_store.park(task_entry(1))
+    parker.runtime.backout_store.park(task_entry(1))
     blind = make_resilience()  # same store, no key
     report = blind.drain()
     assert (report.replayed, report.dead) == (0, 1)

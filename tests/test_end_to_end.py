@@ -1,6 +1,6 @@
 """End to end: a real prefork worker and a real beat ride out an outage with no one's help.
 
-The dependency of ``tests/e2eapp.py`` (a Redis flag) is down while 60 ``charge`` tasks are
+The dependency of ``tests/apps/e2eapp.py`` (a Redis flag) is down while 60 ``charge`` tasks are
 published: the breaker opens and every task ends in the back-out store. Then the dependency comes
 back and nobody touches anything: the breaker half-opens after its ``open_timeout``, beat's drain
 releases a probe, the probe closes it, the next drains release the rest; the store ends empty and
@@ -17,15 +17,16 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import cast
 
 import pytest
 import redis
 
 from celery_resilience import Resilience
-from celery_resilience.parked import Filter
-from tests import e2eapp
+from celery_resilience.backout import Filter
+from tests.apps import e2eapp
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(180)]
 
 ROOT = Path(__file__).resolve().parent.parent
 TASKS = 60
@@ -36,11 +37,11 @@ STOP_TIMEOUT = 15.0
 
 
 class Process:
-    """One ``celery -A tests.e2eapp ...`` subprocess of ours, signalled by its PID only."""
+    """One ``celery -A tests.apps.e2eapp ...`` subprocess of ours, signalled by its PID only."""
 
     def __init__(self, name: str, args: list[str], env: dict[str, str], log: Path, ready: str):
         self.name = name
-        self.command = [sys.executable, "-m", "celery", "-A", "tests.e2eapp", *args]
+        self.command = [sys.executable, "-m", "celery", "-A", "tests.apps.e2eapp", *args]
         self.env = env  # read at start: a test may add settings before it starts the process
         self.log_path = log
         self.ready = ready
@@ -192,7 +193,7 @@ def test_outage_parks_every_task_and_beat_brings_all_back(
     keys = e2eapp.keys(prefix)
     app = e2eapp.make_app(env)
     res = Resilience(app)
-    store, breaker = res.backout_store, res.breaker("dep")
+    store, breaker = res.runtime.backout_store, res.breaker("dep")
     charge = app.tasks["e2eapp.charge"]
     broker_prefix = e2eapp.broker_keyprefix(prefix)
 
@@ -262,7 +263,7 @@ def test_outage_parks_every_task_and_beat_brings_all_back(
     )
     time.sleep(1.0)
 
-    succeeded = {m.decode() for m in redis_client.smembers(keys["succeeded"])}
+    succeeded = {m.decode() for m in cast(set[bytes], redis_client.smembers(keys["succeeded"]))}
     assert succeeded == set(ids)
     counts = redis_client.mget([keys["count"] + i for i in ids])
     runs = {task_id: int(c or 0) for task_id, c in zip(ids, counts, strict=True)}
@@ -305,7 +306,7 @@ def test_a_task_probed_again_and_again_in_a_long_outage_still_runs(
     prefix = env["E2EAPP_PREFIX"]
     keys = e2eapp.keys(prefix)
     app = e2eapp.make_app(env)
-    store = Resilience(app).backout_store
+    store = Resilience(app).runtime.backout_store
     redis_client.set(keys["up"], "0")
     for process in processes:
         process.start()

@@ -1,5 +1,5 @@
 """The fault matrix, drain side: each step of a drain under each fault, with one real worker
-that runs what the drains replay (``tests/matrix.py`` describes the world and the ledger).
+that runs what the drains replay (``tests/support/matrix.py`` describes the world and the ledger).
 
 Steps: the claim, decoding an entry, publishing a replay, the drain's ack. Faults: the
 resilience Redis hung or answering NOPERM, OOM or READONLY at that very script (the proxy holds
@@ -27,13 +27,14 @@ import pytest
 from celery_resilience import ParkedTask
 from celery_resilience.drain import Drainer
 
-from .faults import acl_denied, out_of_memory, read_only, script_sha
-from .matrix import USER, Ledger, MatrixWorld, fresh, running_world, wait_for
+from .support.faults import acl_denied, out_of_memory, read_only, script_sha
+from .support.matrix import USER, Ledger, MatrixWorld, fresh, running_world, wait_for
+from .support.raw_entries import put_raw
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-CLAIM = script_sha("parked/lua/claim.lua")
-ACK = script_sha("parked/lua/delete.lua")
+CLAIM = script_sha("backout/lua/claim.lua")
+ACK = script_sha("backout/lua/delete.lua")
 LEASE = 2.0
 
 
@@ -54,7 +55,7 @@ def clean(world: MatrixWorld) -> Iterator[None]:
 
 def park(world: MatrixWorld, count: int, tag: str, **fields: Any) -> list[str]:
     """``count`` parked charges, due now, as a worker parks them when the breaker is open."""
-    now = world.resilience.now()
+    now = world.resilience.runtime.now()
     ids = []
     for i in range(count):
         task_id = f"{tag}-{i}-{time.monotonic_ns()}"
@@ -69,7 +70,7 @@ def park(world: MatrixWorld, count: int, tag: str, **fields: Any) -> list[str]:
             "due_at": now - 10,
         }
         values.update(fields)
-        world.resilience.backout_store.park(ParkedTask.new(**values))
+        world.resilience.runtime.backout_store.park(ParkedTask.new(**values))
         ids.append(task_id)
     return ids
 
@@ -80,7 +81,7 @@ def drain_through_faults(world: MatrixWorld) -> Any:
     try:
         return Drainer(resilience.runtime, lease=LEASE).run()
     finally:
-        resilience.app.close()
+        resilience.runtime.app.close()
 
 
 def settle(world: MatrixWorld, cell: str, ids: list[str], during: dict[str, int]) -> Ledger:
@@ -159,8 +160,8 @@ def test_an_entry_that_cannot_be_decoded_is_quarantined_and_the_rest_drain(
     world: MatrixWorld,
 ) -> None:
     ids = park(world, 3, "decode")
-    store = world.resilience.backout_store
-    store._put_raw("garbage-entry", b"\x00not an entry", breaker="dep")  # a corrupt write
+    store = world.resilience.runtime.backout_store
+    put_raw(store, "garbage-entry", b"\x00not an entry", breaker="dep")  # a corrupt write
     report = drain_through_faults(world)
     assert report.replayed == 3
     corrupt = world.resilience.backout.get("garbage-entry")
@@ -205,7 +206,7 @@ def test_an_entry_that_cannot_be_encoded_for_the_broker_dies_alone(world: Matrix
     )
     report = drain_through_faults(world)
     assert (report.replayed, report.dead, report.errors) == (3, 1, 0)
-    assert world.entries()[bad].dead_reason.startswith("unpublishable: SerializerNotInstalled")
+    assert str(world.entries()[bad].dead_reason).startswith("unpublishable: SerializerNotInstalled")
     cell = "replay publish / entry can't be encoded"
     settle(world, cell, [*good, bad], {}).check(dead=1, messages={bad: 0})
 

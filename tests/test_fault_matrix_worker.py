@@ -1,5 +1,6 @@
 """The fault matrix, worker side: each step of a delivery under each fault, with one real
-prefork worker for the whole module (``tests/matrix.py`` describes the world and the ledger).
+prefork worker for the whole module (``tests/support/matrix.py`` describes the world and the
+ledger).
 
 Steps: admission, the body, publishing a retry, writing the park entry, the ack. Faults: the
 resilience Redis hung (a blackholing proxy) or answering NOPERM (an ACL), OOM (maxmemory) or
@@ -20,13 +21,13 @@ from pathlib import Path
 
 import pytest
 
-from .faults import acl_denied, out_of_memory, read_only, script_sha
-from .matrix import USER, MatrixWorld, fresh, running_world, wait_for
+from .support.faults import acl_denied, out_of_memory, read_only, script_sha
+from .support.matrix import USER, MatrixWorld, fresh, running_world, wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 ACQUIRE = script_sha("breaker/lua/acquire.lua")
-PARK = script_sha("parked/lua/park.lua")
+PARK = script_sha("backout/lua/park.lua")
 
 
 @pytest.fixture(scope="module")

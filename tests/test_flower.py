@@ -1,7 +1,7 @@
 """What an operator sees in Flower: a real ``celery worker -E`` and a real ``celery flower``.
 
 One worker (prefork, two children) and one Flower share a world of their own
-(``tests/flowerapp.py``: ``tests/workerapp.py``'s key prefix, queue, breaker ``dep`` and
+(``tests/apps/flowerapp.py``: ``tests/apps/workerapp.py``'s key prefix, queue, breaker ``dep`` and
 Redis-flag dependency, with task events on). Everything is asserted through Flower's HTTP API,
 as a dashboard or a script would read it:
 
@@ -12,6 +12,10 @@ as a dashboard or a script would read it:
 - a replayed task keeps its id and ends ``SUCCESS`` in ``/api/task/info/<id>``;
 - a breaker tripped by failures inside the worker counts ``resilience-breaker-opened`` once,
   for the worker's own hostname, in ``/workers?json=1``.
+
+And once in headless Chromium, as a person would see it: Flower's task page filtered on
+``PARKED`` lists the parked tasks (the documentation shows that screenshot,
+``docs/_static/shots/flower-parked.png``).
 """
 
 from __future__ import annotations
@@ -30,27 +34,29 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import redis
 from celery import Celery
 
 from celery_resilience import Resilience
+from celery_resilience.contrib.pytest import delete_prefix
 
-from .conftest import REDIS_URL, delete_prefix
-from .flowerapp import make_app
-from .redis_server import free_port
-from .worker_process import READY_TIMEOUT, WorkerProcess, spawn, wait_until
+from .apps.flowerapp import make_app
+from .conftest import REDIS_URL
+from .support.browser import chrome, keep_for_docs, missing_browser, wait_for
+from .support.redis_server import free_port
+from .support.worker_process import READY_TIMEOUT, WorkerProcess, spawn, wait_until
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(90)]
 
 WAIT = 20.0
 TASK = "workerapp.charge"
 
 
 class EventWorker(WorkerProcess):
-    """``celery -A tests.flowerapp worker -E``: task events on, event heartbeats on."""
+    """``celery -A tests.apps.flowerapp worker -E``: task events on, event heartbeats on."""
 
     @property
     def nodename(self) -> str:
@@ -63,7 +69,7 @@ class EventWorker(WorkerProcess):
 
 
 class FlowerProcess:
-    """``celery -A tests.flowerapp flower`` on a free loopback port, API open without auth."""
+    """``celery -A tests.apps.flowerapp flower`` on a free loopback port, API open without auth."""
 
     def __init__(self, env: dict[str, str], log_path: Path) -> None:
         self.env = {**env, "FLOWER_UNAUTHENTICATED_API": "true"}
@@ -73,7 +79,7 @@ class FlowerProcess:
 
     def start(self, timeout: float = READY_TIMEOUT) -> FlowerProcess:
         command = [
-            sys.executable, "-m", "celery", "-A", "tests.flowerapp", "flower",
+            sys.executable, "-m", "celery", "-A", "tests.apps.flowerapp", "flower",
             f"--port={self.port}", "--address=127.0.0.1",
         ]  # fmt: skip
         self.process = spawn(command, self.env, self.log_path)
@@ -162,7 +168,8 @@ class World:
         return [str(task.apply_async(args=(f"{label}-{i}",)).id) for i in range(n)]
 
     def succeeded(self) -> set[str]:
-        return {m.decode() for m in self.redis.smembers(f"{self.prefix}:ledger:succeeded")}
+        members = cast(set[bytes], self.redis.smembers(f"{self.prefix}:ledger:succeeded"))
+        return {m.decode() for m in members}
 
     def parked_entries(self, task_ids: list[str]) -> dict[str, Any]:
         wanted = set(task_ids)
@@ -174,7 +181,8 @@ class World:
             tasks = self.flower.tasks(state="PARKED")
             return tasks if set(task_ids) <= set(tasks) else None
 
-        return dict(wait_until(seen, f"{len(task_ids)} tasks PARKED in Flower"))
+        # Flower sees the events as it polls them: on a loaded host that can take a while.
+        return dict(wait_until(seen, f"{len(task_ids)} tasks PARKED in Flower", timeout=45.0))
 
 
 @pytest.fixture(scope="module")
@@ -304,7 +312,7 @@ def test_task_replayed_goes_out_only_for_what_was_published(world: World) -> Non
     world.dependency(up=True)
     world.resilience.breaker("dep").reset()
     queue = world.app.conf.task_default_queue
-    now = world.resilience.now()
+    now = world.resilience.runtime.now()
     good, bad = (
         ParkedTask.new(
             task_name=TASK,
@@ -319,7 +327,7 @@ def test_task_replayed_goes_out_only_for_what_was_published(world: World) -> Non
         for label, extra in (("good", {}), ("bad", {"serializer": "gone"}))
     )
     for entry in (good, bad):
-        world.resilience.backout_store.park(entry)
+        world.resilience.runtime.backout_store.park(entry)
 
     report = world.resilience.drain(breaker="dep")
 
@@ -330,3 +338,44 @@ def test_task_replayed_goes_out_only_for_what_was_published(world: World) -> Non
         "the published replay SUCCESS in Flower",
     )
     assert world.flower.task(bad.task_id) is None  # no task-replayed for what never went out
+
+
+#: The page a person opens: Flower's task list, filtered on the state through its URL.
+PARKED_ROWS = """
+return [...document.querySelectorAll('#tasks-table tbody tr')]
+    .filter((row) => row.textContent.includes('PARKED')).map((row) => row.id);
+"""
+
+
+@pytest.mark.skipif(
+    missing_browser() is not None and not os.environ.get("CI"), reason=missing_browser() or ""
+)
+def test_flowers_task_page_filtered_on_parked_lists_them(world: World, tmp_path: Path) -> None:
+    # Given three tasks parked by a breaker forced open
+    breaker = world.resilience.breaker("dep")
+    breaker.force_open()
+    task_ids = world.publish(3, "parked")
+    world.wait_flower_parked(task_ids)
+    driver = chrome(tmp_path / "chromium-profile")
+    try:
+        # A laptop's screen, as the admin's screenshots are taken.
+        viewport = {"width": 1280, "height": 720, "deviceScaleFactor": 1, "mobile": False}
+        driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", viewport)
+
+        # When a person opens the task page filtered on PARKED
+        driver.get(f"http://127.0.0.1:{world.flower.port}/tasks?state=PARKED")
+
+        # Then its rows are those tasks, each in state PARKED
+        def parked_rows() -> list[str] | None:
+            ids: list[str] = driver.execute_script(PARKED_ROWS)
+            return ids if set(task_ids) <= set(ids) else None
+
+        rows = wait_for("the parked tasks in Flower's task page", parked_rows, timeout=WAIT)
+        assert set(rows) <= set(world.flower.tasks(state="PARKED"))
+        assert driver.find_element("css selector", "input[type=search]").get_attribute("value") == (
+            "state:PARKED"
+        )
+        keep_for_docs("flower-parked.png", driver.get_screenshot_as_png())
+    finally:
+        driver.quit()
+        breaker.reset()

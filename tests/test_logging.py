@@ -24,9 +24,12 @@ import pytest
 from celery import Celery
 
 from celery_resilience import BreakerOpen, ParkedTask, Resilience, ResilientTask
-from celery_resilience.drain_lock import drain_lock
+from celery_resilience.drain.lock import drain_lock
+from celery_resilience.trouble import TroubleLog
 
-from .redis_server import RedisServer, free_port
+from .support.redis_server import RedisServer, free_port
+
+pytestmark = pytest.mark.integration
 
 OPEN_TIMEOUT = 0.5
 BREAKER_LOG = "celery_resilience.breaker"
@@ -66,7 +69,7 @@ def make_app(prefix: str, redis_url: str, **conf: Any) -> Celery:
             raise ConnectionError(f"gateway down for {order_id}")
         return order_id
 
-    app.dependency = dependency  # type: ignore[attr-defined]
+    app.dependency = dependency
     return app
 
 
@@ -89,7 +92,7 @@ def app(key_prefix: str, redis_url: str) -> Iterator[Celery]:
     res = Resilience.for_app(app)
     res.runtime.send_events = False  # these tests are about logs; nobody listens to events here
     yield app
-    res.redis.close()
+    res.runtime.redis.close()
 
 
 @pytest.fixture
@@ -169,7 +172,7 @@ def test_one_line_per_park(app: Celery, caplog_all: pytest.LogCaptureFixture) ->
     ]
 
     res.breaker("payments").reset()
-    app.dependency["up"] = False  # type: ignore[attr-defined]
+    app.dependency["up"] = False
     caplog_all.clear()
     assert charge.apply(args=("o-2",), task_id="task-down").state == "IGNORED"
     (down_entry,) = res.backout.list(reason="retries_exhausted")
@@ -197,7 +200,7 @@ def _park(app: Celery, n: int, **fields: Any) -> ParkedTask:
         reason="breaker_open",
         **fields,
     )
-    Resilience.for_app(app).backout_store.park(entry)
+    Resilience.for_app(app).runtime.backout_store.park(entry)
     return entry
 
 
@@ -215,7 +218,7 @@ def test_one_summary_per_drain_run(app: Celery, caplog_all: pytest.LogCaptureFix
     res = Resilience.for_app(app)
     for n in range(3):
         _park(app, n)
-    dead = _park(app, 9, replays=res.config.max_replays)
+    dead = _park(app, 9, replays=res.runtime.config.max_replays)
 
     report = res.drain()
     assert (report.replayed, report.dead) == (3, 1)
@@ -296,4 +299,19 @@ def test_redis_outage_and_recovery(key_prefix: str, caplog_all: pytest.LogCaptur
             assert [level for level, _ in lines] == ["ERROR", "WARNING"] * outage, lines
             assert lines[-2][1].startswith("Redis unreachable for breaker 'payments'")
             assert lines[-1] == ("WARNING", "Redis reachable again: breakers are shared once more")
-        res.close()
+        res.runtime.close()
+
+
+def test_an_outage_wide_trouble_log_counts_one_first_failure_whatever_its_causes() -> None:
+    # Given a trouble log that does not tell causes apart (the breakers' Redis outage)
+    outage = TroubleLog(logging.getLogger("celery_resilience.test"), "Redis", by_cause=False)
+    # When failures of two causes come, then things work, then fail again
+    firsts = [outage.first(exc) for exc in (ConnectionError("a"), TimeoutError("b"), OSError())]
+    meanwhile = outage.recovered()
+    again = outage.first(ConnectionError("c"))
+    # Then only the outage's first failure is first, and the recovery counts every failure
+    assert firsts == [True, False, False]
+    assert meanwhile == 3
+    assert outage.recovered() == 1
+    assert again
+    assert outage.recovered() == 0  # nothing failed since: nothing to say

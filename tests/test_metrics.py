@@ -3,8 +3,8 @@
 A scenario runs in the test process (breaker calls, parks, retries counted, drains and replays)
 against one key prefix; at each step the same figures must come out of
 :class:`ResilienceCollector` in a private ``CollectorRegistry``, out of a real
-``celery -A tests.cliapp resilience metrics --port N`` scraped over HTTP, and (at the end) out
-of ``celery -A tests.cliapp resilience status --json``.
+``celery -A tests.apps.cliapp resilience metrics --port N`` scraped over HTTP, and (at the end) out
+of ``celery -A tests.apps.cliapp resilience status --json``.
 
 Breaker ``search`` keeps cliapp's open timeout (30 s), so its ``open`` state can't turn
 ``half_open`` between two reads; ``payments`` gets 0.3 s here for a full trip / probe / close
@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -33,9 +34,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from celery_resilience import BreakerOpen, BulkheadFull, ParkedTask, Resilience
 from celery_resilience.metrics import ResilienceCollector
-from tests import cliapp
+from tests.apps import cliapp
 
-from .redis_server import free_port
+from .support.redis_server import RedisServer, free_port
+
+pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parent.parent
 PREFIX = "celery_resilience_"
@@ -59,12 +62,12 @@ def value(samples: Samples, name: str, **labels: str) -> float | None:
 
 
 class MetricsServer:
-    """``celery -A tests.cliapp resilience metrics --port N`` in a subprocess."""
+    """``celery -A tests.apps.cliapp resilience metrics --port N`` in a subprocess."""
 
     def __init__(self, env: dict[str, str]) -> None:
         self.port = free_port()
         command = [
-            sys.executable, "-m", "celery", "-A", "tests.cliapp", "resilience", "metrics",
+            sys.executable, "-m", "celery", "-A", "tests.apps.cliapp", "resilience", "metrics",
             "--port", str(self.port), "--addr", "127.0.0.1",
         ]  # fmt: skip
         self.process = subprocess.Popen(
@@ -94,6 +97,10 @@ class MetricsServer:
                 raise TimeoutError("the metrics command does not answer")
             time.sleep(0.1)
 
+    def output(self) -> str:
+        """What the command printed (stdout and stderr), once it was stopped."""
+        return self.process.stdout.read().decode() if self.process.stdout else ""
+
     def stop(self) -> None:
         if self.process.poll() is None:
             self.process.terminate()
@@ -102,8 +109,6 @@ class MetricsServer:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(10)
-        if self.process.stdout:
-            self.process.stdout.close()
 
 
 class World:
@@ -127,11 +132,25 @@ class World:
         """The collector's figures, checked equal to the command's over HTTP."""
         local = self.collect()
         remote = self.server.scrape()
-        assert remote == local, _diff(local, remote)
+        # An age grows between the two reads: the same within the time the reads took.
+        age: tuple[str, frozenset[tuple[str, str]]] = (
+            PREFIX + "oldest_parked_age_seconds",
+            frozenset(),
+        )
+        assert abs(remote.pop(age) - local[age]) < 5
+        assert remote == {k: v for k, v in local.items() if k != age}, _diff(local, remote)
         return local
 
     def status(self) -> dict[str, Any]:
-        command = [sys.executable, "-m", "celery", "-A", "tests.cliapp", "resilience", "status"]
+        command = [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "tests.apps.cliapp",
+            "resilience",
+            "status",
+        ]
         done = subprocess.run(
             [*command, "--json"],
             cwd=ROOT,
@@ -153,7 +172,7 @@ class World:
             reason=reason,  # type: ignore[arg-type]
             **fields,
         )
-        self.res.backout_store.park(entry)
+        self.res.runtime.backout_store.park(entry)
         return entry
 
 
@@ -180,7 +199,7 @@ def world(key_prefix: str, redis_url: str, redis_client: redis.Redis) -> Iterato
         server.wait_ready()
         world = World(env, server)
         yield world
-        world.res.close()
+        world.res.runtime.close()
     finally:
         server.stop()
 
@@ -332,7 +351,7 @@ def _drains_and_replays(world: World) -> None:
     # An operator replays one search entry; a drain marks an entry out of replays dead.
     first = res.backout.list(breaker="search")[0]
     res.backout.replay(first.id)
-    world.park("cliapp.charge", "payments", "breaker_open", replays=res.config.max_replays)
+    world.park("cliapp.charge", "payments", "breaker_open", replays=res.runtime.config.max_replays)
     report = res.drain()
     assert (report.replayed, report.dead) == (0, 1)
     step = world.both()
@@ -407,7 +426,7 @@ def test_a_full_bulkhead_is_a_rejection_of_its_own_and_calls_in_flight_a_gauge(
         step = parse(generate_latest(registry).decode())
         assert value(step, "breaker_calls_in_flight", breaker="gateway") == 0
     finally:
-        res.close()
+        res.runtime.close()
 
 
 def test_collector_registers_and_serves_nothing_stale(world: World) -> None:
@@ -425,3 +444,105 @@ def test_collector_registers_and_serves_nothing_stale(world: World) -> None:
     for transition in ("opened", "half_opened", "closed"):
         labels = {"breaker": "search", "transition": transition}
         assert value(samples, "breaker_transitions_total", **labels) == 0
+
+
+# -- an outage and a busy port ------------------------------------------------------------
+
+
+def _charge(task_id: str, parked_at: float) -> ParkedTask:
+    return ParkedTask.new(
+        task_name="cliapp.charge",
+        task_id=task_id,
+        args=["x"],
+        breaker="payments",
+        reason="breaker_open",
+        parked_at=parked_at,
+    )
+
+
+def test_redis_away_is_up_zero_not_an_http_500_and_up_again_when_it_is_back(
+    key_prefix: str, redis_url: str
+) -> None:
+    """The metrics command against a Redis of its own, which the test starts late, stops and
+    starts again."""
+    private = RedisServer()
+    try:
+        env = {
+            "CLIAPP_PREFIX": key_prefix,
+            "CLIAPP_BROKER": redis_url,
+            "CLIAPP_QUEUE": f"{key_prefix}-queue",
+            "CLIAPP_REDIS": private.url,
+        }
+        app = cliapp.make_app(env)
+        res = Resilience(app)
+        res.runtime.send_events = False
+        server = MetricsServer(env)
+        try:
+            server.wait_ready()  # it serves before its Redis runs: up 0, then up 1
+            assert value(server.scrape(), "up") == 0
+            private.start()
+            fresh = server.scrape()
+            assert value(fresh, "up") == 1
+            assert value(fresh, "oldest_parked_age_seconds") == 0  # nothing waits
+            assert value(fresh, "last_drain_timestamp_seconds") is None  # never drained
+
+            # Given a task parked 100 s ago (Redis time) and a dead one older still,
+            now = res.runtime.now()
+            old = _charge("t-dead", parked_at=now - 500)
+            res.runtime.backout_store.park(old)
+            res.runtime.backout_store.mark_dead(old.id, "max_replays")
+            res.runtime.backout_store.park(_charge("t-1", parked_at=now - 100))
+            res.breaker("payments").force_open()  # the drain holds it back, and says so
+            # when a drain finishes a pass,
+            report = res.drain()
+            assert (report.skipped, report.errors) == (1, 0)
+            step = server.scrape()
+            # then the age is the waiting task's (not the dead one's) and the drain's time shows.
+            age = value(step, "oldest_parked_age_seconds")
+            assert age is not None
+            assert 100 <= age < 130
+            drained = value(step, "last_drain_timestamp_seconds")
+            assert drained is not None
+            assert now <= drained <= res.runtime.now()
+            assert value(step, "breaker_state", breaker="payments", state="forced_open") == 1
+
+            # When Redis goes away, a scrape still answers 200: up is 0, nothing stale.
+            private.stop()
+            down = server.scrape()  # urlopen raises on a 500
+            assert value(down, "up") == 0
+            assert not [k for k in down if k[0] == PREFIX + "breaker_state"]
+            assert value(down, "oldest_parked_age_seconds") is None
+
+            # Back (empty: no AOF), up is 1 again with the same process.
+            private.start()
+            back = server.scrape()
+            assert value(back, "up") == 1
+            assert value(back, "breaker_state", breaker="payments", state="closed") == 1
+        finally:
+            server.stop()
+            res.runtime.close()
+        output = server.output()
+        assert "Traceback" not in output, output
+    finally:
+        private.close()
+
+
+def test_a_port_in_use_is_one_clear_line_and_a_failed_exit(key_prefix: str, redis_url: str) -> None:
+    env = {"CLIAPP_PREFIX": key_prefix, "CLIAPP_BROKER": redis_url}
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        command = [
+            sys.executable, "-m", "celery", "-A", "tests.apps.cliapp", "resilience", "metrics",
+            "--port", str(port),
+        ]  # fmt: skip
+        done = subprocess.run(
+            command, cwd=ROOT, env={**os.environ, **env}, capture_output=True, text=True,
+            timeout=60, check=False,
+        )  # fmt: skip
+    assert done.returncode == 1, done
+    assert "Traceback" not in done.stderr
+    assert done.stderr.strip() == (
+        f"Error: cannot serve metrics on 127.0.0.1:{port}: Address already in use"
+    )

@@ -6,8 +6,11 @@ Run through ``pytester``: a throwaway test file uses the fixtures as an app's ow
 from __future__ import annotations
 
 import pytest
+import redis
 
 from tests.conftest import REDIS_URL
+
+pytestmark = pytest.mark.integration
 
 APP_TESTS = """
 from celery import Celery
@@ -33,7 +36,7 @@ def test_parks_and_drains(resilience_factory):
     charge.delay(2)
     assert harness.state("payments") == "open"
     assert sorted(e.args[0] for e in harness.parked(breaker="payments")) == [1, 2]
-    PREFIXES.append(harness.resilience.config.key_prefix)
+    PREFIXES.append(harness.resilience.runtime.config.key_prefix)
 
 
 def test_each_test_starts_clean(resilience_factory):
@@ -47,13 +50,13 @@ def test_each_test_starts_clean(resilience_factory):
 
 
 def test_the_apps_own_resilience_is_back_afterwards():
-    assert Resilience.for_app(app).config.key_prefix == "resilience"
+    assert Resilience.for_app(app).runtime.config.key_prefix == "resilience"
 """
 
 
 @pytest.mark.parametrize("backend", ["memory", "redis"])
 def test_fixtures_isolate_each_test_and_clean_up(
-    pytester: pytest.Pytester, backend: str, redis_client
+    pytester: pytest.Pytester, backend: str, redis_client: redis.Redis
 ) -> None:
     pytester.makepyfile(test_app=APP_TESTS.format(backend=backend, redis_url=REDIS_URL))
     result = pytester.runpytest_subprocess("-q")  # the plugin comes through pytest11

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -15,9 +15,11 @@ from celery import Celery
 from celery_resilience import ConfigurationError, Resilience
 from celery_resilience.metrics import serve
 from celery_resilience.redact import get_logger, redact
-from tests.faults import make_user
-from tests.redis_server import RedisServer, free_port
+from tests.support.faults import make_user
+from tests.support.redis_server import RedisServer, free_port
 from tests.test_cli import Cli
+
+pytestmark = pytest.mark.integration
 
 #: A password with "@" and ":" in it, as people write them in URLs (unencoded): the URL's
 #: credentials end at its last "@". No piece of it may show anywhere.
@@ -96,7 +98,7 @@ def test_an_outage_logged_by_the_breaker_and_the_clock_is_masked(
     resilience = Resilience(app)
     caplog.set_level(logging.DEBUG, logger="celery_resilience")
     assert resilience.breaker("dep").call(lambda: 1) == 1  # fail_open
-    resilience.now()
+    resilience.runtime.now()
     assert "Redis unreachable" in caplog.text
     assert "Redis TIME unavailable" in caplog.text
     assert not shows_secret(caplog.text)
@@ -113,7 +115,7 @@ def locked_redis() -> Iterator[RedisServer]:
 
 
 @pytest.fixture
-def cli(key_prefix: str, redis_url: str, redis_client: Any) -> Iterator[Any]:
+def cli(key_prefix: str, redis_url: str, redis_client: Any) -> Callable[[str], Cli]:
     def make(resilience_url: str) -> Cli:
         env = {
             "CLIAPP_PREFIX": key_prefix,

@@ -13,6 +13,7 @@ import re
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 import redis
@@ -21,11 +22,12 @@ from cryptography.fernet import Fernet
 
 from celery_resilience import Resilience
 
-from .redis_server import RedisServer
-from .worker_process import WorkerProcess, wait_until
-from .workerapp import broker_keyprefix, make_app
+from .apps.workerapp import broker_keyprefix, make_app
+from .support.faults import command
+from .support.redis_server import RedisServer
+from .support.worker_process import WorkerProcess, wait_until
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "threat-model.rst"
 PASSWORD = "acl-test-" + uuid.uuid4().hex
@@ -41,14 +43,14 @@ def acl_rules() -> dict[str, str]:
 def set_user(server: redis.Redis, role: str, rules: str, prefix: str) -> str:
     """Creates the role's user from its documented rules; its URL."""
     args = rules.replace("<prefix>", prefix).replace(">PASSWORD", f">{PASSWORD}").split()
-    server.execute_command("ACL", "SETUSER", f"resilience-{role}", "reset", *args)
+    command(server, "ACL", "SETUSER", f"resilience-{role}", "reset", *args)
     return f"resilience-{role}:{PASSWORD}"
 
 
 def everything_in(client: redis.Redis) -> bytes:
     """Every key of the server: its name, its ``DUMP``, and its values read plainly (``DUMP``
     may compress them)."""
-    parts: list[bytes] = []
+    parts: list[Any] = []  # bytes: the client decodes nothing
     for key in client.scan_iter(count=1000):
         parts += [key, client.dump(key) or b""]
         kind = client.type(key)
@@ -124,19 +126,21 @@ def test_a_worker_and_a_drainer_run_under_the_documented_acl_rules(
         assert (report.replayed, report.dead, report.errors) == (len(ids), 0, 0)
         succeeded = f"{key_prefix}:ledger:succeeded"
         wait_until(
-            lambda: {m.decode() for m in redis_client.smembers(succeeded)} == set(ids),
+            lambda: (
+                {m.decode() for m in cast(set[bytes], redis_client.smembers(succeeded))} == set(ids)
+            ),
             "every replay succeeded",
             60.0,
         )
         # Only what the page leaves out on purpose: CONFIG GET of the start-up check (it could
         # read the server's passwords too).
-        denied = admin_client.execute_command("ACL", "LOG")
+        denied = command(admin_client, "ACL", "LOG")
         assert {d[b"object"] for d in denied} <= {b"config|get"}, f"Redis denied: {denied}"
     finally:
         log = worker.stop()
         print(f"===== worker log\n{log}")
         for app in apps:
-            Resilience.for_app(app).close()
+            Resilience.for_app(app).runtime.close()
             app.close()
         queue = f"{key_prefix}-queue"
         redis_client.delete(queue, f"_kombu.binding.{queue}")

@@ -8,6 +8,7 @@ import socket
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,7 +16,9 @@ from celery import Celery
 
 from celery_resilience import BreakerOpen, Resilience
 from celery_resilience.breaker import Breaker
-from tests.redis_server import RedisServer, free_port
+from tests.support.redis_server import RedisServer, free_port
+
+pytestmark = pytest.mark.integration
 
 TIMEOUT = 0.2  # resilience_redis_timeout
 DECIDES_WITHIN = 1.0  # seconds: a generous bound on "about two timeouts"
@@ -50,7 +53,7 @@ def make_breaker() -> Iterator[MakeBreaker]:
 
     yield make
     for resilience in made:
-        resilience.close()
+        resilience.runtime.close()
 
 
 @pytest.fixture
@@ -100,20 +103,22 @@ def outage_logs(caplog: pytest.LogCaptureFixture) -> tuple[int, int]:
 
 # -- (a) nothing answers -------------------------------------------------------------------------
 def test_fail_open_runs_the_call_and_logs_the_outage_once(
-    make_breaker, unreachable: Unreachable, caplog
+    make_breaker: MakeBreaker, unreachable: Unreachable, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, logger=LOGGER)
     breaker = make_breaker(unreachable.url, "fail_open")
     ran: list[int] = []
     for n in range(unreachable.calls):
-        result, elapsed = timed(lambda n=n: breaker.call(lambda: ran.append(n) or n))
+        result, elapsed = timed(lambda n=n: breaker.call(lambda: ran.append(n) or n))  # type: ignore[misc, func-returns-value]
         assert result == n
         assert elapsed < DECIDES_WITHIN
     assert ran == list(range(unreachable.calls))
     assert outage_logs(caplog) == (1, 0)
 
 
-def test_fail_open_lets_the_calls_own_exception_through(make_breaker, closed_port_url) -> None:
+def test_fail_open_lets_the_calls_own_exception_through(
+    make_breaker: MakeBreaker, closed_port_url: str
+) -> None:
     breaker = make_breaker(closed_port_url, "fail_open")
     with pytest.raises(Boom):
         breaker.call(boom)
@@ -123,7 +128,7 @@ def test_fail_open_lets_the_calls_own_exception_through(make_breaker, closed_por
 
 
 def test_fail_closed_rejects_as_unavailable_and_logs_the_outage_once(
-    make_breaker, unreachable: Unreachable, caplog
+    make_breaker: MakeBreaker, unreachable: Unreachable, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, logger=LOGGER)
     breaker = make_breaker(unreachable.url, "fail_closed")
@@ -139,7 +144,7 @@ def test_fail_closed_rejects_as_unavailable_and_logs_the_outage_once(
 
 @pytest.mark.parametrize("policy", ["fail_open", "fail_closed"])
 def test_a_hanging_redis_is_given_up_on_within_two_timeouts(
-    make_breaker, hanging_url: str, policy: str
+    make_breaker: MakeBreaker, hanging_url: str, policy: str
 ) -> None:
     breaker = make_breaker(hanging_url, policy)
     for _ in range(2):
@@ -158,7 +163,7 @@ def server() -> Iterator[RedisServer]:
 def assert_follows_policy(breaker: Breaker, policy: str) -> None:
     ran: list[int] = []
     for _ in range(5):
-        result, elapsed = timed(lambda: breaker.call(lambda: ran.append(1) or "ran"))
+        result, elapsed = timed(lambda: breaker.call(lambda: ran.append(1) or "ran"))  # type: ignore[func-returns-value]  # a spy
         assert elapsed < DECIDES_WITHIN
         if policy == "fail_open":
             assert result == "ran"
@@ -170,7 +175,7 @@ def assert_follows_policy(breaker: Breaker, policy: str) -> None:
 
 @pytest.mark.parametrize("policy", ["fail_open", "fail_closed"])
 def test_a_stopped_redis_follows_the_policy_and_a_restarted_one_is_used_again(
-    make_breaker, server, caplog, policy: str
+    make_breaker: MakeBreaker, server: RedisServer, caplog: pytest.LogCaptureFixture, policy: str
 ) -> None:
     caplog.set_level(logging.WARNING, logger=LOGGER)
     breaker = make_breaker(server.url, policy)
@@ -199,7 +204,7 @@ def test_a_stopped_redis_follows_the_policy_and_a_restarted_one_is_used_again(
 
 
 def test_a_permit_taken_before_redis_stopped_reports_without_raising(
-    make_breaker, server, caplog
+    make_breaker: MakeBreaker, server: RedisServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, logger=LOGGER)
     breaker = make_breaker(server.url, "fail_open")
@@ -210,14 +215,14 @@ def test_a_permit_taken_before_redis_stopped_reports_without_raising(
     assert outage_logs(caplog) == (1, 0)
 
 
-def test_a_killed_redis_is_an_outage_too(make_breaker, server) -> None:
+def test_a_killed_redis_is_an_outage_too(make_breaker: MakeBreaker, server: RedisServer) -> None:
     breaker = make_breaker(server.url, "fail_closed")
     assert breaker.call(lambda: 1) == 1
     server.kill()
     # A process that knew the breaker closed hears the connection drop (at once, on its watch
     # thread) and asks Redis from then on.
     deadline = time.monotonic() + 2.0
-    while breaker._views.admits("dep") is not None:
+    while breaker._knowledge.admits("dep") is not None:
         assert time.monotonic() < deadline, "the outage was never heard of"
         time.sleep(0.005)
     with pytest.raises(BreakerOpen, match="unavailable"):
@@ -227,7 +232,7 @@ def test_a_killed_redis_is_an_outage_too(make_breaker, server) -> None:
 
 
 # -- the helper itself ----------------------------------------------------------------------------
-def test_redis_server_with_appendonly_keeps_data_across_a_kill(tmp_path) -> None:
+def test_redis_server_with_appendonly_keeps_data_across_a_kill(tmp_path: Path) -> None:
     with RedisServer(appendonly=True) as server:
         client = server.client()
         client.set("k", "v")
@@ -256,10 +261,12 @@ def test_redis_server_without_appendonly_starts_empty_after_a_stop() -> None:
 
 
 # -- what a failed record must not lose, or do twice ------------------------------------------
-def test_deferred_successes_survive_a_failure_record_that_errors(make_breaker, server) -> None:
+def test_deferred_successes_survive_a_failure_record_that_errors(
+    make_breaker: MakeBreaker, server: RedisServer
+) -> None:
     breaker = make_breaker(server.url, "fail_open")
     deadline = time.monotonic() + 5.0
-    while breaker._views.admits("dep") is None:  # until the process knows the breaker
+    while breaker._knowledge.admits("dep") is None:  # until the process knows the breaker
         assert time.monotonic() < deadline
         breaker.acquire().release()
         time.sleep(0.005)
@@ -274,23 +281,27 @@ def test_deferred_successes_survive_a_failure_record_that_errors(make_breaker, s
     assert (snap["window_calls"], snap["successes_total"]) == (3, 3)
 
 
-def test_the_clock_falls_back_to_this_host_with_one_log_line(closed_port_url: str, caplog) -> None:
+def test_the_clock_falls_back_to_this_host_with_one_log_line(
+    closed_port_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
     app = Celery("t", broker=closed_port_url, set_as_current=False)
     app.conf.resilience_redis_timeout = TIMEOUT
     resilience = Resilience(app)
     caplog.set_level(logging.DEBUG, logger="celery_resilience")
     before = time.time()
-    stamps = [resilience.now() for _ in range(3)]
+    stamps = [resilience.runtime.now() for _ in range(3)]
     assert all(before <= t <= time.time() for t in stamps)
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR and "TIME" in r.msg]
     assert len(errors) == 1
 
 
-def test_a_record_whose_reply_is_lost_is_not_sent_twice(make_breaker, server) -> None:
+def test_a_record_whose_reply_is_lost_is_not_sent_twice(
+    make_breaker: MakeBreaker, server: RedisServer
+) -> None:
     """The reply of a failure record is cut after Redis ran it: the client sees a connection
     error, and must not send the script again (the failure would count twice)."""
     from celery_resilience.redis_io import script_source
-    from tests.faults import FaultProxy, script_sha
+    from tests.support.faults import FaultProxy, script_sha
 
     admin = server.client()
     admin.script_load(

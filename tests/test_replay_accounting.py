@@ -5,10 +5,13 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import pytest
 from celery import Celery
 
 from celery_resilience import Resilience, ResilientTask
 from celery_resilience.headers import REJECTED_HEADER, REPLAYS_HEADER
+
+pytestmark = pytest.mark.unit
 
 
 def make_app(**settings: Any) -> tuple[Celery, Any, list[int]]:

@@ -1,7 +1,7 @@
 """Breakers and parked tasks on a primary watched by Redis Sentinel, through a failover.
 
-One deployment for the module (``tests/redis_sentinel.py``): a primary, its replica and one
-sentinel, all the test's own. One real worker (``tests/deployapp.py``) with
+One deployment for the module (``tests/support/redis_sentinel.py``): a primary, its replica and one
+sentinel, all the test's own. One real worker (``tests/apps/deployapp.py``) with
 ``resilience_park_replicas=1`` parks a steady stream of tasks while the test forces a failover
 (``SENTINEL FAILOVER``, then the old primary is killed by its PID, and started again from its
 append-only file once the new primary takes writes, for the sentinel to make it the new
@@ -31,13 +31,15 @@ import redis
 from celery import Celery
 
 from celery_resilience import ConfigurationError, ParkedTask, Resilience, StoreUnavailable
+from celery_resilience.backout import RedisBackoutStore
 from celery_resilience.checks import run_checks
 from celery_resilience.config import ResilienceConfig
-from celery_resilience.parked import RedisBackoutStore
 from celery_resilience.redis_io import make_client
-from tests.deploy_world import World, metric, require_redis_7, world_env
-from tests.redis_sentinel import MASTER_NAME, SentinelDeployment
-from tests.worker_process import wait_until
+from tests.support.deploy_world import World, metric, require_redis_7, world_env
+from tests.support.redis_sentinel import MASTER_NAME, SentinelDeployment
+from tests.support.worker_process import wait_until
+
+pytestmark = pytest.mark.integration
 
 PREFIX = f"test-sentinel-{uuid.uuid4().hex[:8]}"
 APP: Celery | None = None  # CELERY_RESILIENCE_APP of the admin test
@@ -204,8 +206,8 @@ def drill(deployment: SentinelDeployment, world: World) -> Drill:
     res = world.res
     world.set_dependency(True)
     res.breaker("dep").force_open()
-    probe = make_client(res.config.redis_deployment, 0.5)  # a client of the test's own
-    store = res.backout_store
+    probe = make_client(res.runtime.config.redis_deployment, 0.5)  # a client of the test's own
+    store = res.runtime.backout_store
     publisher = Publisher(world)
     try:
         wait_until(lambda: len(world.acked_parks(publisher.ids[:])) >= 10, "parks", 60)
@@ -323,7 +325,7 @@ def test_the_django_admin_lists_the_parked_tasks(
 ) -> None:
     page = world.admin_store_page(request.config, sys.modules[__name__])
     assert f"{sum(drill.entries.values())} entries" in page
-    newest = world.res.backout_store.list(limit=5)
+    newest = world.res.runtime.backout_store.list(limit=5)
     for entry in newest:
         assert entry.task_id in page
 
@@ -345,7 +347,7 @@ def test_start_up_checks_on_sentinel(world: World, drill: Drill) -> None:
         try:
             findings = [f for f in run_checks(res.runtime) if "park_replicas" in f.message]
         finally:
-            res.close()
+            res.runtime.close()
         assert [f.level for f in findings] == [level], findings
 
 

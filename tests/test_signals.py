@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from celery import Celery
 
 from celery_resilience import Resilience, ResilientTask
 from celery_resilience.signals import task_parked
+
+pytestmark = pytest.mark.unit
 
 
 def test_task_parked_is_sent_once_with_the_stored_entry() -> None:

@@ -34,10 +34,12 @@ from celery_resilience import (
     StoreUnavailable,
     backoff,
 )
+from celery_resilience.backout import MemoryBackoutStore, ParkedTask, StoreFull
 from celery_resilience.breaker import MemoryBreakerStore
 from celery_resilience.config import ResilienceConfig
-from celery_resilience.headers import REPLAYS_HEADER, body_digest, entry_id
-from celery_resilience.parked import MemoryBackoutStore, ParkedTask, StoreFull
+from celery_resilience.headers import REPLAYS_HEADER, TURNED_AWAY_HEADER, body_digest, entry_id
+
+pytestmark = pytest.mark.integration
 
 BREAKERS = {
     # Roomy: a whole retry chain fails without opening it.
@@ -69,7 +71,7 @@ class RecordingBackoff:
 
     def __call__(self, attempt: int) -> float:
         self.attempts.append(attempt)
-        return self.base * 2**attempt
+        return self.base * 2.0**attempt
 
     def max_delay(self) -> float:
         return 3600.0
@@ -91,7 +93,7 @@ def _app(redis_url: str, key_prefix: str, settings: dict[str, Any]) -> Celery:
 
 def _close(apps: list[Celery]) -> None:
     for app in apps:
-        Resilience.for_app(app).close()
+        Resilience.for_app(app).runtime.close()
 
 
 @pytest.fixture(params=["redis", "memory"])
@@ -126,7 +128,10 @@ def app(make_app: MakeApp) -> Celery:
 def resilient(app: Celery, **options: Any) -> Callable[[Callable[..., Any]], Any]:
     """``@app.task(base=ResilientTask, bind=True, **options)``, registered at once, on ``app``
     only (``shared=False``: a shared task would be added to every app made afterwards)."""
-    return app.task(base=ResilientTask, bind=True, shared=False, lazy=False, **options)
+    task: Callable[[Callable[..., Any]], Any] = app.task(
+        base=ResilientTask, bind=True, shared=False, lazy=False, **options
+    )
+    return task
 
 
 def resilience(app: Celery) -> Resilience:
@@ -245,6 +250,29 @@ def test_transient_error_is_retried_with_backoff_delays_then_parked_as_retries_e
 # -- the breaker --------------------------------------------------------------------------------
 
 
+def test_a_plain_function_as_the_backoff_option_gets_the_attempt(
+    app: Celery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # "Any Callable[[int], float] is a strategy": a lambda given as a task option is not bound
+    # to the task as a method would be.
+    @resilient(
+        app,
+        breaker="dep",
+        retry_on=(DependencyDown,),
+        max_retries=2,
+        backoff=lambda attempt: 0.25 * (attempt + 1),
+    )
+    def charge(self: Any) -> None:
+        raise DependencyDown("gateway down")
+
+    countdowns = spy_countdowns(monkeypatch, charge)
+
+    charge.apply(task_id="lambda-backoff")
+
+    assert countdowns == [0.25, 0.5]
+    assert only_entry(app).reason == "retries_exhausted"
+
+
 def test_breaker_opens_after_failure_threshold_and_a_later_delivery_is_parked_unrun(
     app: Celery,
 ) -> None:
@@ -297,7 +325,7 @@ def test_on_open_retry_waits_out_the_open_breaker_then_parks_as_breaker_open(
 
     # Each retry waits for the breaker's remaining open time, not the backoff.
     assert len(countdowns) == 2
-    remaining = open_until - resilience(app).now()
+    remaining = open_until - resilience(app).runtime.now()
     for countdown in countdowns:
         assert remaining - 0.5 < countdown <= 30.0
     # Retries ran out while the breaker stayed open: parked, the body never ran.
@@ -575,6 +603,32 @@ def test_full_store_never_drops_the_task_in_silence(
     assert "StoreFull" in errors[0]
 
 
+def _trace_and_fetch(
+    app: Celery, task: Any, task_id: str, headers: dict[str, Any] | None = None, retries: int = 0
+) -> Any:
+    """Run one delivery as a worker's trace would (its outcome: a retry), and return the
+    message it sent again."""
+    queue = f"resilience-test-{uuid.uuid4().hex}"
+    headers = headers or {}
+    request = {
+        "id": task_id,
+        "retries": retries,
+        "headers": headers,
+        **headers,
+        "delivery_info": {"exchange": "", "routing_key": queue},
+    }
+    outcome = build_tracer(task.name, task, app=app)(task_id, [], {}, request)
+    assert outcome.info.state == states.RETRY
+    with app.connection_for_read() as conn:
+        simple = conn.SimpleQueue(queue)
+        try:
+            message = simple.get(timeout=2)
+            message.ack()
+        finally:
+            simple.close()
+    return message
+
+
 def test_full_store_in_a_worker_keeps_an_exhausted_task_in_the_broker(
     make_app: MakeApp,
 ) -> None:
@@ -584,7 +638,7 @@ def test_full_store_in_a_worker_keeps_an_exhausted_task_in_the_broker(
     app = make_app(
         broker_url="memory://", task_always_eager=False, resilience_backout_max_entries=1
     )
-    resilience(app).backout_store.park(
+    resilience(app).runtime.backout_store.park(
         ParkedTask.new(task_name="other", task_id="fills-the-store", reason="park_on")
     )
 
@@ -592,20 +646,10 @@ def test_full_store_in_a_worker_keeps_an_exhausted_task_in_the_broker(
     def charge(self: Any) -> None:
         raise DependencyDown("gateway down")
 
-    queue = f"resilience-test-{uuid.uuid4().hex}"
     task_id = uuid.uuid4().hex
     # The last allowed delivery (retries == max_retries), as a worker would run it.
-    request = {"id": task_id, "retries": 1, "delivery_info": {"exchange": "", "routing_key": queue}}
-    outcome = build_tracer(charge.name, charge, app=app)(task_id, [], {}, request)
+    message = _trace_and_fetch(app, charge, task_id, retries=1)
 
-    assert outcome.info.state == states.RETRY
-    with app.connection_for_read() as conn:
-        simple = conn.SimpleQueue(queue)
-        try:
-            message = simple.get(timeout=2)
-            message.ack()
-        finally:
-            simple.close()
     assert (message.headers["id"], message.headers["retries"]) == (task_id, 1)
     assert message.headers["eta"]  # kept in the broker for resilience_keep_delay
     assert "override_max_retries" not in vars(charge)
@@ -768,3 +812,71 @@ def test_a_full_bulkhead_met_inside_the_body_spends_an_attempt_like_any_retry_on
     assert result.state == states.IGNORED
     entry = only_entry(app)
     assert (entry.reason, entry.retries) == ("breaker_open", 2)  # its cause was a BreakerOpen
+
+
+# -- a full bulkhead in a worker: turned away, backing off per turn-away ----------------------
+
+
+def test_each_turn_away_by_a_full_bulkhead_waits_longer_up_to_the_open_timeout(
+    make_app: MakeApp, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a worker's delivery (not eager) whose breaker's only bulkhead slot is taken
+    app = make_app(
+        broker_url="memory://",
+        task_always_eager=False,
+        resilience_breakers={"gateway": {"max_concurrent_calls": 1, "open_timeout": 3.0}},
+    )
+    calls: list[int] = []
+
+    @resilient(
+        app,
+        breaker="gateway",
+        retry_on=(DependencyDown,),
+        max_retries=2,
+        backoff=backoff.Exponential(base=1.0, cap=300.0, jitter=None),
+    )
+    def charge(self: Any) -> None:
+        calls.append(1)
+        raise DependencyDown("gateway down")
+
+    countdowns: list[float] = []
+    send_again = charge._send_again
+
+    def spy(request: Any, countdown: float, *args: Any) -> None:
+        countdowns.append(countdown)
+        send_again(request, countdown, *args)
+
+    monkeypatch.setattr(charge, "_send_again", spy)
+    held = resilience(app).breaker("gateway").acquire()  # the dependency hangs
+
+    # When the same delivery is turned away again and again
+    headers: dict[str, Any] = {}
+    seen = []
+    for _ in range(4):
+        message = _trace_and_fetch(app, charge, "turned-away", headers)
+        headers = {k: v for k, v in message.headers.items() if k == TURNED_AWAY_HEADER}
+        seen.append((message.headers["retries"], headers[TURNED_AWAY_HEADER]))
+
+    # Then it never ran, spent no attempt, counted each turn-away, and waited the task's
+    # backoff for that count, capped at the breaker's open timeout (1, 2, 3, 3 s)
+    assert calls == []
+    assert seen == [(0, 1), (0, 2), (0, 3), (0, 4)]
+    assert countdowns == [1.0, 2.0, 3.0, 3.0]
+    assert parked(app) == []
+    # and parked once its breaker is open, its entry does not keep the count: a replay meets
+    # the bulkhead afresh
+    breaker = resilience(app).breaker("gateway")
+    breaker.force_open()
+    request = {"id": "turned-away", "retries": 0, "headers": headers, **headers}
+    build_tracer(charge.name, charge, app=app)("turned-away", [], {}, request)
+    entry = only_entry(app)
+    assert entry.reason == "breaker_open"
+    assert TURNED_AWAY_HEADER not in entry.options.get("headers", {})
+    breaker.reset()
+
+    # And once a slot is free the body runs: its retry spends an attempt and counts afresh
+    held.success()
+    message = _trace_and_fetch(app, charge, "turned-away", headers)
+    assert calls == [1]
+    assert message.headers["retries"] == 1
+    assert TURNED_AWAY_HEADER not in message.headers

@@ -19,6 +19,8 @@ from celery import Celery
 
 from celery_resilience import ConfigurationError, ResilientTask, backoff
 
+pytestmark = pytest.mark.unit
+
 TASK = f"{__name__}.charge"
 
 
@@ -76,7 +78,7 @@ def test_bad_option_on_a_subclass_raises_naming_the_class() -> None:
     with pytest.raises(ConfigurationError, match=re.escape("Sloppy.retry_on")):
 
         class Sloppy(ResilientTask):
-            retry_on = "no_such_module_xyz.Error"
+            retry_on = "no_such_module_xyz.Error"  # type: ignore[assignment]  # on purpose
 
 
 def test_options_as_class_attributes_of_a_subclass(app: Celery) -> None:

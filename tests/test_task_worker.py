@@ -1,6 +1,6 @@
 """``ResilientTask`` in real ``celery worker`` processes, against real Redis and RabbitMQ.
 
-Each test builds a world of its own (``tests/workerapp.py``): a key prefix holding the breaker,
+Each test builds a world of its own (``tests/apps/workerapp.py``): a key prefix holding the breaker,
 the back-out store, the fake dependency, the result keys and the Redis broker's keys, and a
 queue nobody else consumes. Every test keeps a ledger: each published task id must end in
 exactly one of succeeded (``<P>:ledger:succeeded``), parked (the back-out store) or, for the
@@ -17,7 +17,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlparse
 
 import pytest
@@ -25,14 +25,14 @@ import redis
 from celery import Celery
 
 from celery_resilience import Resilience
-from celery_resilience.parked.entry import ParkedTask
+from celery_resilience.backout.entry import ParkedTask
 
+from .apps.workerapp import broker_keyprefix, make_app
 from .conftest import service_missing
-from .redis_server import free_port
-from .worker_process import WorkerProcess, wait_until
-from .workerapp import broker_keyprefix, make_app
+from .support.redis_server import free_port
+from .support.worker_process import WorkerProcess, wait_until
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 AMQP_URL = os.environ.get("RESILIENCE_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
 WAIT = 20.0
@@ -98,7 +98,7 @@ class World:
 
     # -- outcomes --------------------------------------------------------------------------
     def succeeded(self) -> set[str]:
-        members = self.redis.smembers(f"{self.prefix}:ledger:succeeded")
+        members = cast(set[bytes], self.redis.smembers(f"{self.prefix}:ledger:succeeded"))
         return {m.decode() for m in members}
 
     def parked(self) -> dict[str, ParkedTask]:
@@ -155,7 +155,7 @@ class World:
                 channel.queue_delete(self.queue)
                 channel.exchange_delete(self.queue)
         self.app.close()
-        self.resilience.close()
+        self.resilience.runtime.close()
         self.redis.close()
 
 
@@ -484,7 +484,7 @@ def test_a_message_that_kills_its_worker_is_parked_and_held_from_the_drain(
     task_id = world.publish("poison", "p-1")
     entry = world.wait_parked([task_id], timeout=40.0)[task_id]
 
-    max_deliveries = world.resilience.config.max_deliveries
+    max_deliveries = world.resilience.runtime.config.max_deliveries
     assert (entry.reason, entry.status) == ("redelivered", "parked")
     assert world.redis.llen(deaths) == max_deliveries  # each delivery killed its child
     assert worker.process is not None
@@ -535,7 +535,7 @@ def test_a_database_error_at_park_keeps_the_message_until_the_store_takes_it(
     db = tmp_path / "parked.sqlite3"
     world = make_world(keep_delay=0.3)
     env = {**world.env, "DJANGOAPP_DB": str(db)}
-    migrate = "import tests.djangoworkerapp as a; a.migrate()"
+    migrate = "import tests.apps.djangoworkerapp as a; a.migrate()"
     subprocess.run([sys.executable, "-c", migrate], env={**os.environ, **env}, check=True)
     table = "celery_resilience_parkedtaskrecord"
     with sqlite3.connect(db) as sql:  # every INSERT now fails: an IntegrityError from Django
@@ -544,7 +544,7 @@ def test_a_database_error_at_park_keeps_the_message_until_the_store_takes_it(
             "BEGIN SELECT RAISE(ABORT, 'parking is off'); END"
         )
     log = tmp_path / "worker-django.log"
-    worker = WorkerProcess(env, log, app="tests.djangoworkerapp")
+    worker = WorkerProcess(env, log, app="tests.apps.djangoworkerapp")
     world.workers.append(worker)
     worker.start()
     world.resilience.breaker("dep").force_open()
@@ -572,3 +572,38 @@ def test_a_database_error_at_park_keeps_the_message_until_the_store_takes_it(
         time.sleep(0.1)
     assert sorted(rows) == sorted((t, "breaker_open") for t in task_ids)
     assert "Parking works again after" in worker.log()
+
+
+def test_a_breaker_per_host_parks_only_the_dead_hosts_work_and_the_drain_brings_it_back(
+    make_world: Callable[..., World],
+) -> None:
+    """``breaker_key="{host}"`` on a real prefork worker: one host down trips its own breaker
+    (``hook:dead.example``), its deliveries park under it, the other hosts' tasks all succeed;
+    once the host is back and its breaker half-opens, the drain replays its entries alone."""
+    world = make_world(hooks=1, failure_threshold=2, open_timeout=3, max_retries=0)
+    world.redis.sadd(f"{world.prefix}:dep:down-hosts", "dead.example")
+    world.start_worker(pool="prefork", concurrency=2)
+    hosts = ["dead.example", "a.example", "b.example", "c.example"]
+    ids = {host: [world.publish("webhook", host, n) for n in range(6)] for host in hosts}
+    wait_for(lambda: set(ids["dead.example"]) <= set(world.parked()), "the dead host's parked")
+    wait_for(
+        lambda: {i for h in hosts[1:] for i in ids[h]} <= world.succeeded(), "the rest succeed"
+    )
+    parked = world.parked()
+    assert {e.breaker for e in parked.values()} == {"hook:dead.example"}
+    assert world.resilience.breaker("hook", key="dead.example").state == "open"
+    assert world.resilience.breaker("hook", key="a.example").state == "closed"
+    world.assert_ledger()
+    world.redis.srem(f"{world.prefix}:dep:down-hosts", "dead.example")
+    wait_for(
+        lambda: world.resilience.breaker("hook", key="dead.example").state == "half_open",
+        "the host's breaker half-opens",
+    )
+
+    def drained() -> bool:
+        world.resilience.drain_once()
+        return set(ids["dead.example"]) <= world.succeeded()
+
+    wait_for(drained, "the drain replays the host's tasks")
+    assert world.parked() == {}
+    world.assert_ledger()

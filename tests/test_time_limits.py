@@ -1,6 +1,6 @@
 """Celery's own machinery under the no-loss contract, with a real prefork worker: a soft and a
 hard time limit, the body's own ``self.retry()`` and ``autoretry_for``, and a kept copy of a park
-that the store refuses every time (``tests/matrix.py`` describes the world and the ledger).
+that the store refuses every time (``tests/support/matrix.py`` describes the world and the ledger).
 
 Every test here fails on the code before these paths went through the package: a time limit
 ended in FAILURE (the hard one acked the message), a refused ``self.retry()`` publish was
@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from .faults import acl_denied
-from .matrix import USER, MatrixWorld, fresh, running_world, wait_for
+from .support.faults import acl_denied
+from .support.matrix import USER, MatrixWorld, fresh, running_world, wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 HANG = "30"  # the dependency's latency while it hangs (seconds): longer than any limit here
 PARK_ATTEMPTS = 3

@@ -12,6 +12,8 @@ from celery_resilience import ConfigurationError, Resilience
 from celery_resilience.checks import run_checks
 from celery_resilience.config import ResilienceConfig
 
+pytestmark = pytest.mark.integration
+
 SECRET = "do-not-print-this-secret"
 
 
@@ -74,6 +76,6 @@ def test_a_pickle_store_is_a_start_up_warning() -> None:
     try:
         findings = [f for f in run_checks(res.runtime) if "pickle" in f.message]
     finally:
-        res.close()
+        res.runtime.close()
     assert [f.level for f in findings] == ["warning"]
     assert "resilience_signing_key" in findings[0].message

@@ -15,8 +15,10 @@ from celery_resilience import Resilience, versions
 from celery_resilience.checks import run_checks
 from celery_resilience.versions import TESTED, minor, outside_matrix
 
+pytestmark = pytest.mark.unit
+
 ROOT = Path(__file__).resolve().parent.parent
-INSIDE = {
+INSIDE: dict[str, str | None] = {
     "python": "3.11.7",
     "celery": "5.4.0",
     "kombu": "5.7.0",

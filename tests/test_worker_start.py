@@ -12,7 +12,7 @@ import pytest
 
 from tests.conftest import REDIS_URL
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 APP = """
 from celery import Celery

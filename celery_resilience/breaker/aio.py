@@ -1,13 +1,13 @@
 """The breaker for asyncio callers: ``async with breaker.permit():`` and ``await breaker.acall()``.
 
 The same protocol and the same shared state as ``Breaker.call``; only the waiting differs. A call
-the process may admit alone (a closed breaker, known for sure: ``views.py``) and a success it may
-count alone cost no round trip and never leave the event loop. Anything that needs Redis (an open,
-half-open or streaking breaker, a failure, a due flush) runs the breaker's own synchronous code in
-a small thread pool of the process, and the coroutine awaits it. Chosen over ``redis.asyncio``
-because one code path keeps one semantics: the same scripts, client, error policy, views and
-deployments (one server, Sentinel, Cluster), and no connection pool bound to one event loop (a
-Django async view may run on a new loop per request; ``asyncio.run`` in tests does).
+the process may admit alone (a closed breaker, known for sure: ``knowledge.py``) and a success it
+may count alone cost no round trip and never leave the event loop. Anything that needs Redis (an
+open, half-open or streaking breaker, a failure, a due flush) runs the breaker's own synchronous
+code in a small thread pool of the process, and the coroutine awaits it. Chosen over
+``redis.asyncio`` because one code path keeps one semantics: the same scripts, client, error policy,
+knowledge and deployments (one server, Sentinel, Cluster), and no connection pool bound to one event
+loop (a Django async view may run on a new loop per request; ``asyncio.run`` in tests does).
 
 An open breaker rejects without a round trip too, once the process was told how long it stays
 open: until that time passes (measured from when the question was sent, so never later than
@@ -31,15 +31,15 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..errors import BreakerOpen
+from .knowledge import Knowledge
 from .permit import Admission, Outcome, Permit
-from .views import Views
 
 
 class Breaker(Protocol):
     """What this module uses of ``Breaker`` (a protocol: the facade imports this module)."""
 
     name: str
-    _views: Views
+    _knowledge: Knowledge
 
     def admit(self) -> Admission: ...
 
@@ -90,7 +90,7 @@ def remembered(breaker: Breaker) -> BreakerOpen | None:
     memo = _rejections.get(breaker)
     if memo is None:
         return None
-    view = breaker._views.known(breaker.name)
+    view = breaker._knowledge.known(breaker.name)
     left = memo.until - time.monotonic()
     if view is None or (view.version, view.generation) != (memo.version, memo.generation):
         return None  # the breaker changed, or a change may have been missed
@@ -101,7 +101,7 @@ def remembered(breaker: Breaker) -> BreakerOpen | None:
 
 def remember(breaker: Breaker, rejected: BreakerOpen, sent: float) -> None:
     """Keep an open breaker's rejection (asked at ``sent``) for the calls that follow."""
-    view = breaker._views.known(breaker.name)
+    view = breaker._knowledge.known(breaker.name)
     if view is None or view.state not in _REJECTING or view.state != rejected.state:
         return
     # forced_open has no end: it holds until the feed reports the operator's next order.

@@ -1,7 +1,7 @@
 """The breaker as callers see it: admission, ``call()``, operator orders, transition listeners.
 
 The protocol is Resilience4j's: acquire a permit, run the call with nothing held, record the
-outcome. On a closed breaker that the process knows for sure (``views.py``) the permit costs no
+outcome. On a closed breaker that the process knows for sure (``knowledge.py``) the permit costs no
 round trip, and successes are counted in the process and sent at most once a second, or at once
 when they end a streak of failures; a failure is always recorded at once.
 
@@ -26,17 +26,15 @@ from ..redact import get_logger
 from ..redis_io import unavailable
 from .aio import AsyncPermit
 from .health import RedisHealth
+from .knowledge import Knowledge, forks
 from .permit import Admission, Outcome, Permit
 from .store import BreakerStore, Delivery
-from .types import STATES, Action, Change, Limits, State, Transition
-from .views import Views, forks
+from .types import STATES, Action, Change, Decision, Limits, State, Transition
 
 logger = get_logger("celery_resilience.breaker")
 
 R = TypeVar("R")
 TransitionListener = Callable[[str, Transition, State], None]
-#: How a permitted call ended: judged either way, or given back unjudged.
-
 #: Deferred successes reach Redis at least this often (seconds) under steady traffic, with an
 #: admission or as a record of their own.
 FLUSH_INTERVAL = 1.0
@@ -52,17 +50,23 @@ class Breaker:
         store: Callable[[], BreakerStore],
         health: RedisHealth,
         listeners: list[TransitionListener] | None = None,
-        views: Views | None = None,
+        knowledge: Knowledge | None = None,
+        base: str | None = None,
     ) -> None:
         self.name = name
         self.config = config
+        #: The declared breaker a derived one (``<base>:<key>``, named at call time) belongs to.
+        self.base = base
         self.slow = config.slow_call_seconds
-        self.limits = Limits.of(config)
+        self.limits = Limits.of(config, derived=base is not None)
+        #: A derived breaker's successes go to Redis with its family's, unless the failure rate
+        #: needs each one in its own window.
+        self._family_successes = base is not None and not config.failure_rate_threshold
         #: With a bulkhead every call takes and frees a slot in Redis: no call is answered alone.
         self.bulkhead = config.max_concurrent_calls is not None
         self._store = store
         self._health = health
-        self._views = views if views is not None else Views(store)
+        self._knowledge = knowledge if knowledge is not None else Knowledge(store)
         self.listeners = listeners if listeners is not None else []
         self._lock = threading.Lock()
         self._deferred = 0
@@ -84,14 +88,14 @@ class Breaker:
     def admit(self, delivery: Delivery | None = None) -> Admission:
         """``acquire`` without raising, answering the task-level ``delivery`` questions too.
 
-        A closed breaker that this process knows for sure (see ``views.py``) admits without a
+        A closed breaker that this process knows for sure (see ``knowledge.py``) admits without a
         round trip; anything else asks Redis, and the answer teaches the process again.
         """
         if delivery is None:
             permit = self._local_permit()
             if permit is not None:
                 return Admission(permit, None)
-        generation = self._views.start()
+        generation = self._knowledge.start()
         permit_id = uuid.uuid4().hex
         # Deferred successes ride along once per FLUSH_INTERVAL.
         deferred = self._take_deferred() if self._flush_due() else 0
@@ -106,9 +110,7 @@ class Breaker:
                 return Admission(None, BreakerOpen(self.name, "unavailable"))
             return Admission(Permit(self, None, permit_id), None)
         self._health.ok()
-        self._views.learn(
-            self.name, decision.version, decision.state, decision.streak, decision.epoch, generation
-        )
+        self._learn(decision, generation)
         if decision.transition:
             self._announce(decision.transition, decision.state)
         if decision.skip:
@@ -126,7 +128,13 @@ class Breaker:
     def _local_permit(self) -> Permit | None:
         """A permit granted without a round trip, if the process may grant it alone (never with
         a bulkhead: its slot is taken in Redis)."""
-        if not self.bulkhead and self._views.admits(self.name) is not None:
+        if self.bulkhead:
+            return None
+        if self.base is not None:
+            if self._knowledge.admits_member(self.base, self.name):
+                return Permit(self, "normal")
+            return None
+        if self._knowledge.admits(self.name) is not None:
             return Permit(self, "normal")
         return None
 
@@ -148,16 +156,16 @@ class Breaker:
         """The state as this process knows it: no round trip while the change feed keeps its
         view current; else one (that teaches the view). Unlike :attr:`state`, an open breaker
         whose timeout has passed stays ``open`` until a caller asks for a probe."""
-        generation = self._views.start()
-        view = self._views.known(self.name)
+        generation = self._knowledge.start()
+        if self.base is not None and self._knowledge.admits_member(self.base, self.name):
+            return "closed"
+        view = self._knowledge.known(self.name)
         if view is not None:
             return view.state
         with unavailable("breaker store"):
             # A release of nothing: the view's reply without changing it (as ``flush`` sends).
             change = self._store().release(self.name, self.limits, "normal", "", 0)
-        self._views.learn(
-            self.name, change.version, change.state, change.streak, change.epoch, generation
-        )
+        self._learn(change, generation)
         return change.state
 
     def _record(self, permit: Permit, outcome: Outcome) -> None:
@@ -166,7 +174,7 @@ class Breaker:
             return
         # A failure, a success that ends a streak, or a due flush: sent now, with this
         # process's deferred successes first.
-        generation = self._views.start()
+        generation = self._knowledge.start()
         deferred = self._take_deferred()
         store = self._store()
         try:
@@ -188,15 +196,45 @@ class Breaker:
             self._unreachable(exc)
             return
         self._health.ok()
-        self._views.learn(
-            self.name, change.version, change.state, change.streak, change.epoch, generation
-        )
+        self._learn(change, generation)
         if change.transition:
             self._announce(change.transition, change.state)
 
+    def _learn(self, reply: Decision | Change, generation: int) -> None:
+        """What a script's reply teaches this process: the breaker's view, or for a derived
+        breaker its family's (asked again when the reply can't confirm it)."""
+        if self.base is None:
+            self._knowledge.learn(
+                self.name, reply.version, reply.state, reply.streak, reply.epoch, generation
+            )
+            return
+        confirmed = self._knowledge.confirm_family(self.base, self.name, reply, generation)
+        if not confirmed and self._knowledge.family_due(self.base):
+            self.refresh_family(generation)
+
+    def refresh_family(self, generation: int | None = None) -> None:
+        """Ask Redis how this derived breaker's family is (one round trip), sending the
+        successes this process held back on its members."""
+        assert self.base is not None
+        try:
+            self._knowledge.refresh_family(self.base, self.limits.idle_us, generation)
+        except redis.RedisError as exc:
+            self._unreachable(exc)
+
     def _defer(self, permit: Permit, outcome: Outcome) -> bool:
         """Count a success in the process if it needs no round trip; ``False`` if it does."""
-        if outcome == "success" and permit.kind == "normal" and self._may_defer():
+        if outcome != "success" or permit.kind != "normal":
+            return False
+        if self.base is not None:
+            # A member known closed: its family's next refresh (at most one a flush interval)
+            # carries the success; the refresh also keeps the family known.
+            if not (self._family_successes and self._knowledge.admits_member(self.base, self.name)):
+                return False
+            self._knowledge.defer_member_success(self.base)
+            if self._knowledge.family_due(self.base):
+                self.refresh_family()
+            return True
+        if self._may_defer():
             with self._lock:
                 self._forget_inherited()
                 self._deferred += 1
@@ -208,11 +246,11 @@ class Breaker:
         for sure: a closed breaker without one), no flush is due and it frees no bulkhead slot."""
         if self.bulkhead:
             return False
-        view = self._views.admits(self.name)
+        view = self._knowledge.admits(self.name)
         return view is not None and not view.streak and not self._flush_due()
 
     def _unreachable(self, exc: redis.RedisError) -> None:
-        self._views.forget()  # whatever happens meanwhile, this process won't hear of it
+        self._knowledge.forget()  # whatever happens meanwhile, this process won't hear of it
         self._health.failed(self.name, exc)
 
     def _flush_due(self) -> bool:
@@ -271,12 +309,10 @@ class Breaker:
         self._force("reset")
 
     def _force(self, action: Action) -> Change:
-        generation = self._views.start()
+        generation = self._knowledge.start()
         with unavailable("breaker store"):
             change = self._store().force(self.name, self.limits, action)
-        self._views.learn(
-            self.name, change.version, change.state, change.streak, change.epoch, generation
-        )
+        self._learn(change, generation)
         if change.transition:
             self._announce(change.transition, change.state)
         return change

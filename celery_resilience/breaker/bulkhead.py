@@ -5,7 +5,7 @@ takes one of that many slots, each under a lease of ``call_lease``; a call that 
 taken is rejected (``Decision.full``) without touching the breaker's judgement. The outcome or a
 release frees the slot; a lease that ran out (a killed or hung holder) is cleared by the next
 acquire. No transition frees slots: the calls they stand for are still in flight. The Lua twin
-is in ``lua/acquire.lua`` (taking) and ``lua/record.lua`` / ``lua/release.lua`` (freeing).
+is in ``lua/acquire.lua`` (taking) and ``lua/record.lua`` / ``lua/release_permit.lua`` (freeing).
 """
 
 from __future__ import annotations

@@ -3,14 +3,14 @@
 ``resilience_on_redis_error`` chooses the policy: ``fail_open`` admits calls unrecorded,
 ``fail_closed`` rejects them. Kept apart from the facade because it is one object shared by every
 breaker of an app: the first breaker to lose Redis logs the outage, the first to reach it again
-logs the recovery. The logger is the facade's, so log filters and captures see one source.
+logs the recovery (once per outage, whatever its cause: a ``TroubleLog`` that does not tell
+causes apart). The logger is the facade's, so log filters and captures see one source.
 """
 
 from __future__ import annotations
 
-import threading
-
 from ..redact import get_logger
+from ..trouble import TroubleLog
 
 logger = get_logger("celery_resilience.breaker")
 
@@ -20,13 +20,10 @@ class RedisHealth:
 
     def __init__(self, policy: str) -> None:
         self.policy = policy
-        self.down = False
-        self._lock = threading.Lock()
+        self._outage = TroubleLog(logger, "the breakers' Redis", by_cause=False)
 
     def failed(self, breaker: str, exc: BaseException) -> None:
-        with self._lock:
-            first, self.down = not self.down, True
-        if first:
+        if self._outage.first(exc):
             verdict = "admitting calls" if self.policy == "fail_open" else "rejecting calls"
             logger.error(
                 "Redis unreachable for breaker %r (%s: %s): %s until it is back (%s)",
@@ -38,8 +35,5 @@ class RedisHealth:
             )
 
     def ok(self) -> None:
-        if self.down:
-            with self._lock:
-                was, self.down = self.down, False
-            if was:
-                logger.warning("Redis reachable again: breakers are shared once more")
+        if self._outage.recovered():
+            logger.warning("Redis reachable again: breakers are shared once more")

@@ -154,7 +154,7 @@ class MemoryBreakerStore:
         if state.version != self._seen.get(name, 0):
             self._seen[name] = state.version
             for listener in list(self._listeners):
-                listener(name, result.version, result.state, result.streak, result.epoch)
+                listener(name, result.version, result.state, result.streak, result.epoch, None)
         return result
 
     def names(self) -> set[str]:

@@ -14,6 +14,7 @@ from ..config import BreakerConfig
 from ..errors import BreakerOpen
 from .types import Kind, Skip
 
+#: How a permitted call ended: judged either way, or given back unjudged.
 Outcome = Literal["success", "failure", "release"]
 
 

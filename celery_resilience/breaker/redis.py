@@ -18,7 +18,7 @@ Channel ``<prefix>:breaker-changes:<db>``: every change of a breaker's view (its
 whether a failure streak runs) is published there by the script that made it (see
 ``lua/_common.lua``). Pub/sub ignores the database number, so the channel names it: apps on other
 databases of the server don't hear these. Each change also carries the epoch of the breaker's
-hash, which a process checks against the epoch its own replies taught it (``views.py``).
+hash, which a process checks against the epoch its own replies taught it (``knowledge.py``).
 
 ``<tag>`` is the breaker's tag, so the acquire script can touch them, or ``<prefix>:tasks``
 for tasks without a breaker.
@@ -31,9 +31,9 @@ from typing import Any, cast
 
 import redis
 
-from ..redis_io import is_cluster, load_script
-from .store import ChangeListener, Delivery, Watch
-from .types import Action, Change, Decision, Kind, Limits, Skip, State, Transition
+from ..redis_io import database, load_script
+from .store import ChangeListener, Delivery, FamilyReport, Watch
+from .types import Action, Change, Decision, Family, Kind, Limits, Skip, State, Transition
 from .watch import RedisWatch
 
 _INT_FIELDS = ("opened_at", "open_until")
@@ -42,31 +42,53 @@ _INT_FIELDS = ("opened_at", "open_until")
 class RedisBreakerStore:
     """Breakers kept in Redis under ``prefix``, shared by every process that uses the prefix."""
 
-    def __init__(self, client: redis.Redis, prefix: str = "resilience") -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        prefix: str = "resilience",
+        family_of: Callable[[str], str | None] = lambda name: None,
+    ) -> None:
         self.client = client
         self.prefix = prefix
+        #: The declared base of a derived breaker's name, ``None`` for any other (the config's).
+        self.family_of = family_of
         #: Where the scripts publish every change of a breaker's view: one per key prefix and
         #: database (pub/sub channels are server-wide, whatever database a client selected).
         self.channel = f"{prefix}:breaker-changes:{database(client)}"
         self._acquire = load_script(client, __package__, "acquire")
         self._record = load_script(client, __package__, "record")
-        self._release = load_script(client, __package__, "release")
+        self._release_permit = load_script(client, __package__, "release_permit")
         self._force = load_script(client, __package__, "force")
         self._snapshot = load_script(client, __package__, "snapshot")
         self._deliver = load_script(client, __package__, "deliver", prelude=False)
         self._unclaim = load_script(client, __package__, "unclaim", prelude=False)
+        self._family = load_script(client, __package__, "family", prelude=False)
         self._known: set[str] = set()
         self._keys: dict[str, list[str]] = {}
 
     def _tag(self, scope: str | None) -> str:
-        return f"{{{self.prefix}:breaker:{scope}}}" if scope else f"{{{self.prefix}:tasks}}"
+        if not scope:
+            return f"{{{self.prefix}:tasks}}"
+        # A derived breaker lives under its base's tag: one slot for the family's scripts.
+        return f"{{{self.prefix}:breaker:{self.family_of(scope) or scope}}}"
 
     def keys(self, name: str) -> list[str]:
+        """The script's KEYS[1..6]: the breaker's state, probes, calls, then its family's."""
         keys = self._keys.get(name)
-        if keys is None:
-            tag = self._tag(name)
-            keys = self._keys[name] = [f"{tag}:state", f"{tag}:probes", f"{tag}:calls"]
+        if keys is not None:
+            return list(keys)
+        base = self.family_of(name)
+        tag = self._tag(base or name)
+        own = f"{tag}:key:{name[len(base) + 1 :]}" if base else tag
+        keys = [f"{own}:state", f"{own}:probes", f"{own}:calls", *self.family_keys(base or name)]
+        if base is None:  # declared names are few; derived ones are not kept
+            self._keys[name] = keys
         return list(keys)
+
+    def family_keys(self, base: str) -> list[str]:
+        """A family's hash (version, epoch, totals), members and troubled members."""
+        tag = self._tag(base)
+        return [f"{tag}:family", f"{tag}:members", f"{tag}:troubled"]
 
     def _delivery_keys(self, scope: str | None, delivery: Delivery) -> tuple[str, str]:
         tag = self._tag(scope)
@@ -76,10 +98,18 @@ class RedisBreakerStore:
         )
 
     def _remember(self, name: str) -> None:
-        # One SADD per breaker and process, so that listings find breakers never forced.
+        # One SADD per breaker and process, so that listings find breakers never forced; a
+        # derived breaker is listed through its family, its base in the set.
+        name = self.family_of(name) or name
         if name not in self._known:
             self.client.sadd(f"{self.prefix}:breakers", name)
             self._known.add(name)
+
+    def _derived(self, name: str) -> bool:
+        return self.family_of(name) is not None
+
+    def _family_of_reply(self, name: str, reply: list[Any]) -> Family | None:
+        return _family(reply) if self._derived(name) else None
 
     def names(self) -> set[str]:
         return {
@@ -105,7 +135,7 @@ class RedisBreakerStore:
         claim = ""
         if delivery is not None:
             counter, marker = self._delivery_keys(name, delivery)
-            # KEYS[4] must be there for KEYS[5]; a TTL of 0 says it is not to be counted.
+            # KEYS[7] must be there for KEYS[8]; a TTL of 0 says it is not to be counted.
             keys += [counter, marker] if delivery.check_done else [counter] * delivery.count
             ttl = delivery.ttl if delivery.count else 0
             max_deliveries = delivery.max_deliveries
@@ -128,6 +158,8 @@ class RedisBreakerStore:
             streak=bool(streak),
             epoch=_text(reply[9]),
             full=full,
+            family=self._family_of_reply(name, reply[10:12]),
+            family_changed=bool(reply[12]) if len(reply) > 12 else False,
         )
 
     def deliver(self, scope: str | None, delivery: Delivery) -> tuple[int, Skip, int]:
@@ -155,7 +187,7 @@ class RedisBreakerStore:
     ) -> Change:
         outcome = "1" if success else "0"
         argv = [*self._argv(name, limits, now_us), kind, permit_id, outcome, deferred_successes]
-        return _change(self._record(self.keys(name), argv))
+        return _change(self._record(self.keys(name), argv), self._derived(name))
 
     def release(
         self,
@@ -167,11 +199,12 @@ class RedisBreakerStore:
         now_us: int | None = None,
     ) -> Change:
         argv = [*self._argv(name, limits, now_us), kind, permit_id, deferred_successes]
-        return _change(self._release(self.keys(name), argv))
+        return _change(self._release_permit(self.keys(name), argv), self._derived(name))
 
     def force(self, name: str, limits: Limits, action: Action, now_us: int | None = None) -> Change:
         self._remember(name)
-        return _change(self._force(self.keys(name), [*self._argv(name, limits, now_us), action]))
+        argv = [*self._argv(name, limits, now_us), action]
+        return _change(self._force(self.keys(name), argv), self._derived(name))
 
     def snapshot(self, name: str, limits: Limits, now_us: int | None = None) -> dict[str, object]:
         flat = self._snapshot(self.keys(name), self._argv(name, limits, now_us))
@@ -182,18 +215,50 @@ class RedisBreakerStore:
             out[field] = out[field] / 1_000_000 if out[field] else None
         return out
 
+    def family(
+        self,
+        base: str,
+        idle_us: int,
+        successes: int = 0,
+        most: int = 1000,
+        now_us: int | None = None,
+    ) -> FamilyReport:
+        """What the family of ``base``'s derived breakers looks like now (``lua/family.lua``):
+        its version and epoch, how many members are troubled (not closed without a streak) and
+        their names when at most ``most``; idle members are forgotten first, and ``successes``
+        (held back by this process) added to the family's totals."""
+        tag = self._tag(base)
+        argv = [_now(now_us), idle_us, most, self.channel, successes, f"{tag}:key:", f"{base}:"]
+        reply = self._family(self.family_keys(base), argv)
+        names = frozenset(_text(name) for name in reply[3:])
+        complete = int(reply[2]) <= most
+        return FamilyReport(int(reply[0]), _text(reply[1]), int(reply[2]), names, complete)
+
+    def members(self, base: str, limit: int = 100) -> list[str]:
+        """The family's members written last, newest first (listings; idle ones are pruned by
+        :meth:`family`)."""
+        raw = self.client.zrevrange(self.family_keys(base)[1], 0, limit - 1)
+        return [_text(name) for name in cast(list[bytes], raw)]
+
+    def family_size(self, base: str) -> tuple[int, int]:
+        """(members, troubled members) of the family of ``base``."""
+        members, troubled = self.family_keys(base)[1:]
+        with self.client.pipeline(transaction=False) as pipe:
+            pipe.zcard(members)
+            pipe.zcard(troubled)
+            sizes = pipe.execute()
+        return int(sizes[0]), int(sizes[1])
+
+    def troubled(self, base: str, limit: int = 100) -> list[str]:
+        """Members of the family of ``base`` that are not closed without a streak."""
+        raw = self.client.zrevrange(self.family_keys(base)[2], 0, limit - 1)
+        return [_text(name) for name in cast(list[bytes], raw)]
+
     def watch(
         self, on_change: ChangeListener, on_live: Callable[[], None], on_lost: Callable[[], None]
     ) -> Watch:
         """Every view change the scripts publish, from a thread of this process."""
         return RedisWatch(self.client, self.channel, on_change, on_live, on_lost)
-
-
-def database(client: redis.Redis) -> int:
-    """The database number the client's commands run in (a cluster has only 0)."""
-    if is_cluster(client):
-        return 0
-    return int(client.get_connection_kwargs().get("db") or 0)
 
 
 def _now(now_us: int | None) -> int | str:
@@ -208,12 +273,19 @@ def _text(raw: bytes | str) -> str:
     return raw.decode() if isinstance(raw, bytes) else raw
 
 
-def _change(reply: list[Any]) -> Change:
-    state, transition, version, streak, epoch = reply
+def _change(reply: list[Any], derived: bool) -> Change:
+    state, transition, version, streak, epoch = reply[:5]
     return Change(
         cast(State, state.decode()),
         _transition(transition),
         int(version),
         bool(streak),
         _text(epoch),
+        _family(reply[5:7]) if derived else None,
+        bool(reply[7]) if derived else False,
     )
+
+
+def _family(reply: list[Any]) -> Family:
+    """(family version, family epoch) from the end of a derived breaker's reply."""
+    return int(reply[0]), _text(reply[1])

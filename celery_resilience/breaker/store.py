@@ -6,17 +6,29 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from .types import Action, Change, Decision, Kind, Limits, Skip, State
+from .types import Action, Change, Decision, Family, Kind, Limits, Skip, State
 
-#: Called with (breaker name, version, state, streak, epoch) for every change of a breaker's
-#: view; ``epoch`` names the incarnation of the breaker's stored state the version counts in.
-ChangeListener = Callable[[str, int, State, bool, str], None]
+#: Called with (breaker name, version, state, streak, epoch, family) for every change of a
+#: breaker's view; ``epoch`` names the incarnation of the breaker's stored state the version
+#: counts in, ``family`` a derived breaker's family after the change (``None``: declared).
+ChangeListener = Callable[[str, int, State, bool, str, Family | None], None]
 
 
 class Watch(Protocol):
     """A live feed of view changes (see ``BreakerStore.watch``)."""
 
     def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class FamilyReport:
+    """A family of derived breakers as a store's ``family()`` reports it (see ``knowledge.py``)."""
+
+    version: int
+    epoch: str
+    troubled: int  # members that are not closed without a streak
+    names: frozenset[str]  # their names, if ``complete``
+    complete: bool
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """The breaker's vocabulary: its states, settings, stored state and answers, as plain data.
 
 Split from ``model.py`` (the transitions) because most of the package needs only these types: the
-store protocol, both stores, the facade, the process views and the metrics speak in them without
-depending on the state machine. The Lua scripts receive ``Limits.argv()`` and keep
+store protocol, both stores, the facade, the process's knowledge and the metrics speak in them
+without depending on the state machine. The Lua scripts receive ``Limits.argv()`` and keep
 ``BreakerState`` in a hash (see ``lua/_common.lua``): a change here is a change to them too.
 """
 
@@ -21,6 +21,8 @@ Action = Literal["open", "closed", "reset"]
 #: (``deduplicate``), another delivery of it holds its claim and runs it now (``deduplicate``),
 #: or this message was delivered more than ``resilience_max_deliveries`` times.
 Skip = Literal["", "done", "claimed", "redelivered"]
+#: A family of derived breakers' (version, epoch) after a change of one of them (``knowledge.py``).
+Family = tuple[int, str]
 
 STATES: tuple[State, ...] = ("closed", "open", "half_open", "forced_open", "forced_closed")
 #: The sliding window is kept in this many buckets: constant work per record.
@@ -53,13 +55,15 @@ class Limits:
     probe_lease_us: int
     max_concurrent_calls: int = 0  # the bulkhead; 0 = off
     call_lease_us: int = 60 * US
+    #: A derived breaker's keys outlive its last write by this much; 0: a declared breaker.
+    idle_us: int = 0
 
     @property
     def bucket_us(self) -> int:
         return max(1, self.window_us // BUCKETS)
 
     @classmethod
-    def of(cls, cfg: BreakerConfig) -> Limits:
+    def of(cls, cfg: BreakerConfig, derived: bool = False) -> Limits:
         return cls(
             failure_threshold=cfg.failure_threshold,
             failure_rate_threshold=cfg.failure_rate_threshold or 0.0,
@@ -71,6 +75,7 @@ class Limits:
             probe_lease_us=round(cfg.probe_lease * US),
             max_concurrent_calls=cfg.max_concurrent_calls or 0,
             call_lease_us=round(cfg.call_lease * US),
+            idle_us=round(cfg.idle_timeout * US) if derived else 0,
         )
 
     def argv(self) -> tuple[int | float, ...]:
@@ -86,6 +91,7 @@ class Limits:
             self.probe_lease_us,
             self.max_concurrent_calls,
             self.call_lease_us,
+            self.idle_us,
         )
 
 
@@ -136,6 +142,10 @@ class Decision:
     streak: bool = field(default=False, compare=False)
     #: The incarnation of the stored state ("" for one never written; see :func:`view`).
     epoch: str = field(default="", compare=False)
+    #: A derived breaker's family after the call (``None`` for a declared breaker), and
+    #: whether this call's change is the family's version.
+    family: Family | None = field(default=None, compare=False)
+    family_changed: bool = field(default=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -149,6 +159,10 @@ class Change:
     streak: bool = field(default=False, compare=False)
     #: The incarnation of the stored state ("" for one never written; see :func:`view`).
     epoch: str = field(default="", compare=False)
+    #: A derived breaker's family after the call (``None`` for a declared breaker), and
+    #: whether this call's change is the family's version.
+    family: Family | None = field(default=None, compare=False)
+    family_changed: bool = field(default=False, compare=False)
 
 
 def view(s: BreakerState) -> tuple[State, bool]:

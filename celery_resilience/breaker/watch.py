@@ -27,7 +27,7 @@ import redis
 from ..redact import get_logger
 from ..trouble import TroubleLog
 from .store import ChangeListener
-from .types import STATES, State
+from .types import STATES, Family, State
 
 logger = get_logger("celery_resilience.watch")
 
@@ -50,16 +50,22 @@ def _weak(callback: Callable[..., None]) -> Callable[[], Callable[..., None] | N
     return lambda: callback
 
 
-def parse_change(data: bytes | str) -> tuple[str, int, State, bool, str] | None:
-    """``(name, version, state, streak, epoch)`` of a published change, or ``None`` if
-    malformed (a change from a version of the scripts without epochs included)."""
+def parse_change(data: bytes | str) -> tuple[str, int, State, bool, str, Family | None] | None:
+    """``(name, version, state, streak, epoch, family)`` of a published change, or ``None`` if
+    malformed (a change from a version of the scripts without epochs included). ``family`` is
+    the (version, epoch) of a derived breaker's family after the change, ``None`` for a declared
+    breaker."""
     text = data.decode() if isinstance(data, bytes) else data
-    parts = text.split("|", 4)
-    if len(parts) != 5 or parts[1] not in STATES:
-        return None
-    version, state, streak, epoch, name = parts
+    family: Family | None = None
     try:
-        return name, int(version), cast(State, state), streak == "1", epoch
+        if text.startswith("F|"):
+            _, family_version, family_epoch, text = text.split("|", 3)
+            family = (int(family_version), family_epoch)
+        parts = text.split("|", 4)
+        if len(parts) != 5 or parts[1] not in STATES:
+            return None
+        version, state, streak, epoch, name = parts
+        return name, int(version), cast(State, state), streak == "1", epoch, family
     except ValueError:
         return None
 
@@ -77,7 +83,7 @@ class RedisWatch:
     ) -> None:
         self.client = client
         self.channel = channel
-        # Held weakly: when their owner (a process's views) is gone, the thread ends.
+        # Held weakly: when their owner (a process's knowledge) is gone, the thread ends.
         self._callbacks = [_weak(c) for c in (on_change, on_live, on_lost)]
         self._stop = threading.Event()
         self._live = False

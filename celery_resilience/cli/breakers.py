@@ -1,21 +1,32 @@
-"""Commands on breakers and the whole picture: status, open, close, reset, metrics, check."""
+"""Commands on breakers and the whole picture: status, open, close, reset."""
 
 from __future__ import annotations
 
-import sys
-import time
+import getpass
+import socket
 from collections.abc import Callable
 from typing import Any
 
 import click
 from celery.bin.base import CeleryCommand
 
-from ..checks import run_checks
-from ..parked.store import NO_BREAKER, Filter
-from ..parked.trust import UNTRUSTED
-from ..task import resilient_tasks
+from ..backout.store import NO_BREAKER, Filter
+from ..backout.trust import UNTRUSTED
+from ..breaker_listing import listing
+from ..maintenance import forget
+from ..redact import get_logger
 from .group import resilience
-from .output import emit, json_option, known_breaker, resilience_of, table, watch, when
+from .output import (
+    emit,
+    json_option,
+    known_breaker,
+    resilience_of,
+    table,
+    watch,
+    when,
+)
+
+logger = get_logger("celery_resilience.cli")
 
 
 @resilience.command(cls=CeleryCommand)
@@ -30,7 +41,14 @@ from .output import emit, json_option, known_breaker, resilience_of, table, watc
 )
 @click.pass_context
 def status(ctx: click.Context, as_json: bool, watching: bool, interval: float) -> None:
-    """Every breaker: state, counts, open until; parked and dead tasks per breaker."""
+    """Every breaker: state, counts, open until (UTC); parked and dead tasks per breaker.
+
+    \b
+    Examples:
+      celery -A proj resilience status
+      celery -A proj resilience status --watch --interval 5
+      celery -A proj resilience status --json | jq '.breakers.payments.state'
+    """
     if watching:
         watch(lambda: _status(ctx, as_json), interval, as_json)
     else:
@@ -39,8 +57,9 @@ def status(ctx: click.Context, as_json: bool, watching: bool, interval: float) -
 
 def _status(ctx: click.Context, as_json: bool) -> None:
     res = resilience_of(ctx)
-    store = res.backout_store
-    names = sorted(set(res.breaker_names()) | (store.breakers() - {NO_BREAKER}))
+    store = res.runtime.backout_store
+    shown = listing(res.runtime)
+    names = shown.names
     rows = []
     for name in names:
         breaker = res.breaker(name)
@@ -54,7 +73,22 @@ def _status(ctx: click.Context, as_json: bool) -> None:
         "dead": store.count(Filter(NO_BREAKER, "dead")),
     }
     untrusted = _untrusted(store.stats())
-    data = {"breakers": dict(rows), "no_breaker": unbroken, "untrusted_total": untrusted}
+    families = {
+        base: {
+            "members": f.members,
+            "troubled": f.troubled,
+            "holding": f.holding,
+            "shown": f.shown,
+            "hidden": f.hidden,
+        }
+        for base, f in shown.families.items()
+    }
+    data = {
+        "breakers": dict(rows),
+        "derived": families,
+        "no_breaker": unbroken,
+        "untrusted_total": untrusted,
+    }
 
     def human() -> str:
         text = table(
@@ -64,7 +98,7 @@ def _status(ctx: click.Context, as_json: bool) -> None:
                 "consecutive",
                 "window",
                 "opened",
-                "open until",
+                "open until (UTC)",
                 "bulkhead",
                 "parked",
                 "dead",
@@ -84,6 +118,11 @@ def _status(ctx: click.Context, as_json: bool) -> None:
                 for name, s in rows
             ],
         )
+        for base, f in shown.families.items():
+            text += (
+                f"\n{base}:*: {f.members} derived breakers with state, {f.troubled} troubled,"
+                f" {f.holding} holding parked tasks; {f.hidden} more not shown"
+            )
         text += f"\nwithout breaker: {unbroken['parked']} parked, {unbroken['dead']} dead"
         if untrusted:
             counts = ", ".join(f"{n} {code}" for code, n in sorted(untrusted.items()))
@@ -110,57 +149,65 @@ def in_flight(snap: dict[str, Any]) -> str:
     return "-" if limit is None else f"{snap['calls_in_flight']}/{limit}"
 
 
-@resilience.command(cls=CeleryCommand)
-@click.option("--port", default=9808, show_default=True, help="Port to serve /metrics on.")
-@click.option("--addr", default="127.0.0.1", show_default=True, help="Address to bind.")
-@click.pass_context
-def metrics(ctx: click.Context, port: int, addr: str) -> None:
-    """Serve Prometheus metrics (breakers, parked tasks, drains) read from Redis."""
-    from ..metrics import serve
-
-    serve(resilience_of(ctx), port, addr)
-    click.echo(f"serving celery-resilience metrics on http://{addr}:{port}/metrics")
-    try:
-        while True:
-            time.sleep(3600)
-    except KeyboardInterrupt:
-        pass
-
-
-@resilience.command(cls=CeleryCommand)
-@json_option
-@click.pass_context
-def check(ctx: click.Context, as_json: bool) -> None:
-    """Look for settings and Redis setups that can lose work; exit 1 on an error."""
-    res = resilience_of(ctx)
-    findings = run_checks(res.runtime, resilient_tasks(res.app))
-    emit(
-        as_json,
-        [{"level": f.level, "message": f.message} for f in findings],
-        lambda: "\n".join(f"{f.level.upper()}: {f.message}" for f in findings) or "all good",
-    )
-    if any(f.level == "error" for f in findings):
-        sys.exit(1)
+#: What each lever does, as a log line says it.
+DONE = {"open": "forced open", "close": "forced closed", "reset": "reset"}
 
 
 def _steer(action: str, help_text: str) -> Callable[..., None]:
-    @resilience.command(name=action, cls=CeleryCommand, help=help_text)
+    examples = (
+        f"\n\n\b\nExamples:\n  celery -A proj resilience {action} payments\n"
+        f'  celery -A proj resilience {action} payments --reason "{_EXAMPLE_REASON[action]}"'
+    )
+
+    @resilience.command(name=action, cls=CeleryCommand, help=help_text + examples)
     @click.argument("name")
+    @click.option(
+        "--reason", help="Why (logged with who and where, and shown in the output and --json)."
+    )
     @json_option
     @click.pass_context
-    def command(ctx: click.Context, name: str, as_json: bool) -> None:
+    def command(ctx: click.Context, name: str, reason: str | None, as_json: bool) -> None:
         res = resilience_of(ctx)
         known_breaker(res, name)
         breaker = res.breaker(name)
         {"open": breaker.force_open, "close": breaker.force_closed, "reset": breaker.reset}[
             action
         ]()
+        # A person's lever ends a maintenance window set from the admin: the beat drain task
+        # must not reset, at that window's end, a breaker someone has steered since.
+        forget(res.runtime, name)
+        who = f"{_user()}@{socket.gethostname()}"
+        logger.warning(
+            "Breaker %r %s from the command line by %s: %s",
+            name,
+            DONE[action],
+            who,
+            reason or "no reason given",
+        )
         snap = breaker.snapshot()
-        emit(as_json, snap, lambda: f"breaker {name!r} is now {snap['state']}")
+        data = {**snap, "reason": reason, "by": who}
+        said = f" ({reason})" if reason else ""
+        emit(as_json, data, lambda: f"breaker {name!r} is now {snap['state']}{said}")
 
     return command
 
 
-open_ = _steer("open", "Hold breaker NAME open (rejecting every call) until close or reset.")
+_EXAMPLE_REASON = {
+    "open": "gateway maintenance until 03:00 UTC",
+    "close": "the gateway is fine, the breaker trips on our timeouts",
+    "reset": "maintenance over",
+}
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except Exception:  # no user name in this environment (a container without passwd)
+        return "unknown"
+
+
+open_ = _steer(
+    "open", "Hold breaker NAME open (rejecting every call, parking tasks) until close or reset."
+)
 close = _steer("close", "Hold breaker NAME closed (admitting every call) until reset.")
 reset = _steer("reset", "Return breaker NAME to a fresh closed state.")

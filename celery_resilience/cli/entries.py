@@ -1,18 +1,16 @@
-"""Commands on parked tasks: list, show, replay, drain, purge."""
+"""Commands on parked tasks: list, show (an entry found by id, prefix or task id), purge."""
 
 from __future__ import annotations
 
 import json
-import sys
+from typing import cast
 
 import click
 from celery.bin.base import CeleryCommand
 
-from ..errors import ResilienceError
-from ..parked.entry import ParkedTask
-from ..parked.store import NO_BREAKER
-from ..redact import redact
-from ..resilience import Resilience
+from ..backout.entry import Reason, Status
+from ..backout.lookup import CANDIDATES, Found, find
+from ..backout.store import Filter
 from .group import resilience
 from .output import (
     ENCRYPTED,
@@ -25,9 +23,12 @@ from .output import (
     progress,
     resilience_of,
     status_text,
-    table,
     when,
 )
+from .rows import rows
+
+#: Fields of an entry that are epoch seconds.
+TIMES = ("parked_at", "due_at")
 
 
 @resilience.command(name="list", cls=CeleryCommand)
@@ -45,163 +46,98 @@ def list_(
     page: int,
     as_json: bool,
 ) -> None:
-    """Parked tasks, newest first."""
+    """Parked tasks, newest first, one a line within 120 columns: the first characters of the
+    entry id (show takes them), when it was parked (UTC), task, breaker, reason (or dead),
+    the arguments (masked) and the error (for a dead entry, why it is dead).
+
+    \b
+    Examples:
+      celery -A proj resilience list
+      celery -A proj resilience list --breaker payments --status dead
+      celery -A proj resilience list --reason retries_exhausted --limit 20 --page 2
+    """
     if limit < 1 or page < 1:
         fail("--limit and --page must be >= 1")
     res = resilience_of(ctx)
     breaker_filter(res, breaker)
     entries = res.backout.list(breaker, status, limit, reason=reason, offset=(page - 1) * limit)
+    sensitive = res.runtime.config.sensitive_keys
 
     def human() -> str:
-        return table(
-            (
-                "id",
-                "task",
-                "task id",
-                "breaker",
-                "reason",
-                "status",
-                "retries",
-                "replays",
-                "parked",
-            ),
-            [
-                (
-                    e.id,
-                    e.task_name,
-                    e.task_id,
-                    e.breaker or "-",
-                    e.reason,
-                    status_text(e),
-                    e.retries,
-                    e.replays,
-                    when(e.parked_at),
-                )
-                for e in entries
-            ],
-        )
+        total = res.runtime.backout_store.count(where_of(breaker, status, reason))
+        return rows(entries, sensitive) + "\n" + page_line(len(entries), total, page, limit)
 
-    emit(as_json, [entry_dict(e) for e in entries], human)
+    emit(as_json, [entry_dict(e, sensitive) for e in entries], human)
+
+
+def page_line(shown: int, total: int, page: int, limit: int) -> str:
+    """``51-100 of 2030 (page 2 of 41); next: --page 3``: where this page is, what comes next."""
+    pages = max(1, -(-total // limit))
+    if not shown:
+        return f"none of {total}" + (f" on page {page} (the last is {pages})" if total else "")
+    first = (page - 1) * limit + 1
+    text = f"{first}-{first + shown - 1} of {total} (page {page} of {pages})"
+    return text + (f"; next: --page {page + 1}" if page < pages else "")
 
 
 @resilience.command(cls=CeleryCommand)
-@click.argument("entry_id")
+@click.argument("key", metavar="ID")
 @json_option
 @click.pass_context
-def show(ctx: click.Context, entry_id: str, as_json: bool) -> None:
-    """One parked task, whole: args, kwargs, options, exception and traceback."""
-    entry = resilience_of(ctx).backout.get(entry_id)
+def show(ctx: click.Context, key: str, as_json: bool) -> None:
+    """One parked task, whole: args, kwargs, options, exception and traceback.
+
+    ID is the entry id, a unique prefix of it (what list shows), or the Celery task id (what
+    Flower and the logs give). Times are UTC; arguments named in resilience_sensitive_keys
+    are masked, here and in --json.
+
+    \b
+    Examples:
+      celery -A proj resilience show 9e2898b7
+      celery -A proj resilience show e878c0e5-8602-4bba-aa8e-d35c8f38ee37
+      celery -A proj resilience show 9e2898b7 --json
+    """
+    res = resilience_of(ctx)
+    found = find(res.runtime.backout_store, key)
+    entry = found.one
     if entry is None:
-        fail(f"no parked task with id {entry_id!r}")
+        fail(not_one(found))
         return
-    data = entry_dict(entry)
+    data = entry_dict(entry, res.runtime.config.sensitive_keys)
 
     def human() -> str:
-        lines = [
-            f"{k:>12}: {json.dumps(v, default=str)}" for k, v in data.items() if k != "traceback"
-        ]
+        lines = [f"{k:>12}: {shown(k, v)}" for k, v in data.items() if k != "traceback"]
         trace = ENCRYPTED if entry.encrypted else entry.traceback or "    (none)"
         return "\n".join([*lines, "   traceback:", trace])
 
     emit(as_json, data, human)
 
 
-@resilience.command(cls=CeleryCommand)
-@click.argument("entry_ids", nargs=-1)
-@click.option("--all", "replay_all", is_flag=True, help="Replay every entry that matches.")
-@filters
-@json_option
-@click.pass_context
-def replay(
-    ctx: click.Context,
-    entry_ids: tuple[str, ...],
-    replay_all: bool,
-    breaker: str | None,
-    reason: str | None,
-    status: str | None,
-    as_json: bool,
-) -> None:
-    """Publish parked tasks now with their task ids, whatever their breaker says."""
-    res = resilience_of(ctx)
-    if bool(entry_ids) == replay_all:
-        fail("give entry ids, or --all (with optional filters)")
-    ids = list(entry_ids)
-    if replay_all:
-        breaker_filter(res, breaker)
-        ids = [e.id for e in _all(res, breaker, status, reason)]
-    replayed, failed = [], []
-    with progress(as_json, "replaying", lambda: len(ids)) as advance:
-        for entry_id in ids:
-            try:
-                entry = res.backout.replay(entry_id)
-                replayed.append({"id": entry_id, "task_id": entry.task_id, "task": entry.task_name})
-            except KeyError:
-                failed.append({"id": entry_id, "error": "no parked task with this id"})
-            except (ValueError, TimeoutError, ResilienceError) as exc:
-                failed.append({"id": entry_id, "error": str(exc)})
-            advance(1)
-    emit(
-        as_json,
-        {"replayed": replayed, "failed": failed},
-        lambda: "\n".join(
-            [f"replayed {r['id']} -> {r['task']}[{r['task_id']}]" for r in replayed]
-            + [f"{len(replayed)} replayed, {len(failed)} failed"]
-        ),
-    )
-    for f in failed:
-        click.echo(redact(f"Error: could not replay {f['id']}: {f['error']}"), err=True)
-    if failed:
-        sys.exit(1)
+def shown(name: str, value: object) -> str:
+    """A field of ``show``: times in UTC, the rest as JSON."""
+    if name in TIMES and isinstance(value, (int, float)):
+        return f"{when(value)} UTC"
+    return json.dumps(value, default=str, ensure_ascii=False)
 
 
-def _all(
-    res: Resilience, breaker: str | None, status: str | None, reason: str | None
-) -> list[ParkedTask]:
-    entries: list[ParkedTask] = []
-    page = 500
-    while True:
-        chunk = res.backout.list(breaker, status, page, reason=reason, offset=len(entries))
-        entries.extend(chunk)
-        if len(chunk) < page:
-            return entries
+def not_one(found: Found) -> str:
+    """Why ``found`` is not one entry: none matched, or which ones did."""
+    if not found.entries:
+        return f"no parked task with id, id prefix or task id {found.key!r}"
+    many = len(found.entries)
+    more = "+" if many >= CANDIDATES else ""
+    lines = [f"{found.key!r} is ambiguous: {many}{more} entries match by {found.by}; give one id:"]
+    lines += [
+        f"  {e.id}  {e.task_name}[{e.task_id}]  {status_text(e)}  parked {when(e.parked_at)} UTC"
+        for e in found.entries
+    ]
+    return "\n".join(lines)
 
 
-def _due(res: Resilience, breaker: str | None, limit: int | None) -> int:
-    """Entries due now that a drain may replay: the length of its progress bar (it ends short
-    when a breaker holds some back)."""
-    store = res.backout_store
-    if breaker is None:
-        names = sorted(store.breakers())
-    else:
-        names = [NO_BREAKER if breaker in ("", "-", "none") else breaker]
-    due = sum(store.due(name) for name in names)
-    return due if limit is None else min(due, limit)
-
-
-@resilience.command(cls=CeleryCommand)
-@click.option("--breaker", help="Drain only this breaker ('-' for tasks without one).")
-@click.option("--limit", type=int, help="Replay at most this many.")
-@json_option
-@click.pass_context
-def drain(ctx: click.Context, breaker: str | None, limit: int | None, as_json: bool) -> None:
-    """Replay due parked tasks of breakers that admit calls, at the configured rate."""
-    res = resilience_of(ctx)
-    breaker_filter(res, breaker)
-    with progress(as_json, "draining", lambda: _due(res, breaker, limit)) as advance:
-        report = res.drain(breaker=breaker, limit=limit, progress=advance)
-    data = report.as_dict()
-
-    def human() -> str:
-        if report.locked:
-            return "another drain is running: nothing done"
-        return (
-            f"replayed {report.replayed}, dead {report.dead}, held back {report.skipped}, "
-            f"errors {report.errors} in {report.duration:.2f}s"
-        )
-
-    emit(as_json, data, human)
-    if report.errors:
-        sys.exit(1)
+def where_of(breaker: str | None, status: str | None, reason: str | None) -> Filter:
+    """The filter ``Backout.list`` and ``Backout.purge`` make of the command's options (click's
+    choices checked status and reason)."""
+    return Filter(breaker, cast("Status | None", status), cast("Reason | None", reason))
 
 
 @resilience.command(cls=CeleryCommand)
@@ -217,11 +153,22 @@ def purge(
     yes: bool,
     as_json: bool,
 ) -> None:
-    """Delete parked tasks that match the filters (all without filters). Needs --yes."""
+    """Delete parked tasks that match the filters (all without filters). Needs --yes:
+    without it, it says how many it would delete. There is no undo.
+
+    \b
+    Examples:
+      celery -A proj resilience purge --breaker payments --status dead
+      celery -A proj resilience purge --breaker payments --status dead --yes
+      celery -A proj resilience purge --reason redelivered --yes
+    """
     res = resilience_of(ctx)
     breaker_filter(res, breaker)
-    if not yes:
-        count = len(_all(res, breaker, status, reason))
+    where = where_of(breaker, status, reason)
+    if not yes:  # counted, not listed: a store of millions answers at once
+        count = res.runtime.backout_store.count(where)
         fail(f"this would delete {count} parked task(s); add --yes to do it")
-    removed = res.backout.purge(breaker, status, reason)
+    # In batches (each atomic), so Ctrl-C leaves whole entries only; the bar counts them.
+    with progress(as_json, "purging", lambda: res.runtime.backout_store.count(where)) as advance:
+        removed = res.runtime.backout_store.purge(where, advance)
     emit(as_json, {"purged": removed}, lambda: f"purged {removed} parked task(s)")

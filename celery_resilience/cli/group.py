@@ -10,7 +10,7 @@ from celery.bin.base import handle_preload_options
 from kombu.exceptions import OperationalError
 
 from ..errors import ResilienceError
-from ..redact import redact
+from .output import outage
 
 
 class ResilienceGroup(click.Group):
@@ -21,7 +21,7 @@ class ResilienceGroup(click.Group):
         try:
             return super().invoke(ctx)
         except (ResilienceError, redis.RedisError, OperationalError) as exc:
-            click.echo(redact(f"Error: {type(exc).__name__}: {exc}"), err=True)
+            click.echo(outage(exc, getattr(ctx.obj, "app", None)), err=True)
             ctx.exit(1)
 
 

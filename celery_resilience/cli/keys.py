@@ -7,7 +7,7 @@ import sys
 import click
 from celery.bin.base import CeleryCommand
 
-from ..parked.codec import Codec
+from ..backout.codec import Codec
 from ..rekey import DEFAULT_BATCH, rekey
 from .group import resilience
 from .output import emit, fail, json_option, progress, resilience_of
@@ -27,12 +27,18 @@ from .output import emit, fail, json_option, progress, resilience_of
 def rotate_keys(ctx: click.Context, batch: int, adopt_unsigned: bool, as_json: bool) -> None:
     """Sign and encrypt every parked task again with the first key of resilience_signing_key
     and of resilience_encryption_key (any configured key still reads the old ones). Run it
-    after putting a new key first; drop the old key once it reports nothing refused."""
+    after putting a new key first; drop the old key once it reports nothing refused.
+
+    \b
+    Examples:
+      celery -A proj resilience rotate-keys
+      celery -A proj resilience rotate-keys --batch 500 --adopt-unsigned
+    """
     if batch < 1:
         fail("--batch must be >= 1")
     res = resilience_of(ctx)
-    store = res.backout_store
-    codec = Codec.of(res.config)
+    store = res.runtime.backout_store
+    codec = Codec.of(res.runtime.config)
     with progress(as_json, "rotating", store.count) as advance:
         report = rekey(store, codec, adopt_unsigned=adopt_unsigned, batch=batch, progress=advance)
     data = {

@@ -6,7 +6,7 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from typing import Any, TypeVar
@@ -15,12 +15,15 @@ import click
 import redis
 from kombu.exceptions import OperationalError
 
+from ..backout.codec import SEALED
+from ..backout.entry import REASONS, STATUSES, ParkedTask
+from ..backout.store import NO_BREAKER, dead_code
+from ..backout.summary import masked
+from ..breaker_listing import is_known, listing
 from ..errors import ConfigurationError, ResilienceError
-from ..parked.codec import SEALED
-from ..parked.entry import REASONS, STATUSES, ParkedTask
-from ..parked.store import NO_BREAKER, dead_code
 from ..redact import redact
 from ..resilience import Resilience
+from ..runtime import Runtime
 
 F = TypeVar("F", bound=Callable[..., Any])
 #: Shown in place of a field sealed by an encryption key this process does not have.
@@ -36,12 +39,53 @@ def filters(fn: F) -> F:
     return fn
 
 
+#: What a command says when ``celery`` was given no app: Celery's empty default app has no
+#: settings, and its errors would blame settings the user never meant to leave out.
+NO_APP = (
+    "no Celery app given: name yours with -A (celery -A proj resilience ...), "
+    "or set the CELERY_APP environment variable"
+)
+
+
+def app_of(ctx: click.Context) -> Any:
+    """The app ``celery -A`` loaded; a clear error without ``-A`` (nor ``--config``)."""
+    root = ctx.find_root().params
+    if root.get("app") is None and root.get("config") is None:
+        fail(NO_APP)
+    return ctx.obj.app
+
+
 def resilience_of(ctx: click.Context) -> Resilience:
+    app = app_of(ctx)
     try:
-        return Resilience.for_app(ctx.obj.app)
+        return Resilience.for_app(app)
     except ConfigurationError as exc:
         fail(str(exc))
         raise  # unreachable: fail exits
+
+
+def outage(exc: BaseException, app: Any) -> str:
+    """One line for a Redis, store or broker error, naming the server it was about (credentials
+    masked): a connection error alone often says only "Connection refused"."""
+    where = ""
+    try:
+        if isinstance(exc, OperationalError):
+            where = f" (broker at {app.conf.broker_url})"
+        elif _from_redis(exc) and not (config := Runtime.for_app(app).config).in_memory:
+            where = f" (Redis at {config.redis_url})"
+    except Exception:  # no app, bad settings: the error alone is said
+        where = ""
+    return redact(f"Error: {type(exc).__name__}: {exc}{where}")
+
+
+def _from_redis(exc: BaseException | None) -> bool:
+    """Whether ``exc`` is Redis's error, or was caused by one (``StoreUnavailable`` wraps it)."""
+    seen = 0
+    while exc is not None and seen < 5:
+        if isinstance(exc, redis.RedisError):
+            return True
+        exc, seen = exc.__cause__, seen + 1
+    return False
 
 
 def fail(message: str) -> None:
@@ -68,11 +112,20 @@ def emit(as_json: bool, data: Any, human: Callable[[], str]) -> None:
     click.echo(redact(json.dumps(data, indent=2, default=str) if as_json else human()))
 
 
-def entry_dict(entry: ParkedTask) -> dict[str, Any]:
-    """The entry's fields; read without the encryption key, the sealed ones say "encrypted"."""
+def entry_dict(entry: ParkedTask, sensitive: Collection[str] = ()) -> dict[str, Any]:
+    """The entry's fields as a person may see them: read without the encryption key, the sealed
+    ones say "encrypted"; the caller's ``argsrepr``/``kwargsrepr`` stand for the arguments (as
+    in Celery's own events), else the ``sensitive`` keys are masked."""
     data = {name: getattr(entry, name) for name in entry.__dataclass_fields__}
     if entry.encrypted:
         data.update(dict.fromkeys(SEALED, ENCRYPTED))
+        return data
+    options = entry.options
+    for name, shown in (("args", "argsrepr"), ("kwargs", "kwargsrepr")):
+        stand_in = options.get(shown)
+        data[name] = stand_in if isinstance(stand_in, str) else masked(data[name], sensitive)
+    # Linked signatures and headers carry later steps' arguments: masked as the admin does.
+    data["options"] = masked(options, sensitive)
     return data
 
 
@@ -82,8 +135,8 @@ def status_text(entry: ParkedTask) -> str:
 
 
 def known_breaker(res: Resilience, name: str) -> None:
-    known = sorted(set(res.breaker_names()) | (res.backout.breakers() - {NO_BREAKER}))
-    if name not in known:
+    if not is_known(res.runtime, name):
+        known = listing(res.runtime).names
         fail(f"unknown breaker {name!r} (known: {', '.join(known) or 'none'})")
 
 
@@ -177,7 +230,8 @@ def watch(show: Callable[[], None], interval: float, as_json: bool) -> None:
             try:
                 show()
             except (ResilienceError, redis.RedisError, OperationalError) as exc:
-                click.echo(redact(f"Error: {type(exc).__name__}: {exc}"), err=True)
+                app = click.get_current_context().obj.app
+                click.echo(outage(exc, app), err=True)
             time.sleep(interval)
     except KeyboardInterrupt:
         pass

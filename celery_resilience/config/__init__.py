@@ -19,8 +19,8 @@ from typing import Any, Literal
 from ..backoff import Exponential
 
 # ``from_conf`` calls the validators through this module (tests patch ``config._redis_url``).
-from .backout import DJANGO_STORE, _backout_store, backout_store_factory
-from .breakers import BreakerConfig, _breaker_config
+from .backout import DJANGO_STORE, backout_store_factory, backout_store_path
+from .breakers import BreakerConfig, breaker_config, derived_name
 from .broker import (
     _COUNTDOWN_SAFETY,
     _DEFAULT_VISIBILITY_TIMEOUT,
@@ -31,8 +31,18 @@ from .broker import (
     broker_countdown_limit,
 )
 from .deployment import RedisDeployment, broker_options, deployment, kind_of, park_replicas
-from .trust import Keys, encryption_keys, serializer, signing_keys
-from .values import _bad, _choice, _integer, _optional, _positive, _string, exception_types
+from .trust import Keys, encryption_keys, sensitive_keys, serializer, signing_keys
+from .values import (
+    choice,
+    exception_types,
+    integer,
+    invalid,
+    optional,
+    per_second,
+    positive,
+    string,
+    task_options,
+)
 
 __all__ = [
     "DJANGO_STORE",
@@ -45,7 +55,9 @@ __all__ = [
     "ResilienceConfig",
     "backout_store_factory",
     "broker_countdown_limit",
+    "derived_name",
     "exception_types",
+    "task_options",
 ]
 
 RedisErrorPolicy = Literal["fail_open", "fail_closed"]
@@ -68,6 +80,7 @@ SETTINGS = (
     "on_redis_error",
     "breakers",
     "breaker_defaults",
+    "derived_shown",
     "max_countdown",
     "max_deliveries",
     "dedup_ttl",
@@ -87,6 +100,7 @@ SETTINGS = (
     "park_attempts",
     "signing_key",
     "encryption_key",
+    "sensitive_keys",
 )
 
 
@@ -104,6 +118,8 @@ class ResilienceConfig:
     on_redis_error: RedisErrorPolicy = "fail_open"
     breaker_defaults: BreakerConfig = field(default_factory=BreakerConfig)
     breakers: Mapping[str, BreakerConfig] = field(default_factory=dict)
+    #: Derived breakers of each family that status, metrics and the admin show one by one.
+    derived_shown: int = 20
     max_countdown: float = _DEFAULT_VISIBILITY_TIMEOUT * _COUNTDOWN_SAFETY
     max_deliveries: int = 3
     dedup_ttl: float = 86400.0
@@ -137,6 +153,8 @@ class ResilienceConfig:
     signing_keys: Keys = field(default=(), repr=False)
     #: AES-256 keys that encrypt entries' arguments (the first) and decrypt them (all).
     encryption_keys: Keys = field(default=(), repr=False)
+    #: Argument names whose values every surface masks (admin, CLI, logs, events).
+    sensitive_keys: tuple[str, ...] = ()
 
     @property
     def signing_key(self) -> list[str | bytes] | None:
@@ -177,8 +195,25 @@ class ResilienceConfig:
         return self.dedup_lease
 
     def breaker(self, name: str) -> BreakerConfig:
-        """The settings of breaker ``name``: its own entry, or the defaults for undeclared names."""
-        return self.breakers.get(name, self.breaker_defaults)
+        """The settings of breaker ``name``: its own entry, its base's for a derived breaker
+        (``<base>:<key>``, see :meth:`family_of`), or the defaults for undeclared names."""
+        cfg = self.breakers.get(name)
+        if cfg is None:
+            base = self.family_of(name)
+            cfg = self.breaker_defaults if base is None else self.breakers[base]
+        return cfg
+
+    def family_of(self, name: str) -> str | None:
+        """The declared base of a derived breaker ``<base>:<key>`` (named at call time), or
+        ``None`` for a declared or undeclared plain name. The longest declared base wins."""
+        if name in self.breakers or ":" not in name:
+            return None
+        head = name
+        while ":" in head:
+            head = head.rsplit(":", 1)[0]
+            if head in self.breakers:
+                return head
+        return None
 
     @classmethod
     def from_app(cls, app: Any) -> ResilienceConfig:
@@ -193,19 +228,19 @@ class ResilienceConfig:
             assert name in SETTINGS, f"resilience_{name} is read but not listed in SETTINGS"
             return conf.get(f"resilience_{name}", default)
 
-        defaults = _breaker_config(
+        defaults = breaker_config(
             "resilience_breaker_defaults", get("breaker_defaults", {}), BreakerConfig()
         )
         raw_breakers = get("breakers", {})
         if not isinstance(raw_breakers, Mapping):
-            raise _bad("resilience_breakers", raw_breakers, "a dict of breaker name -> options")
+            raise invalid("resilience_breakers", raw_breakers, "a dict of breaker name -> options")
         breakers = {}
         for name, options in raw_breakers.items():
             setting = f"resilience_breakers[{name!r}]"
             # "-" stands for "no breaker" in the back-out store; braces would break hash tags.
             if not isinstance(name, str) or name in ("", "-") or "{" in name or "}" in name:
-                raise _bad("resilience_breakers", name, "a breaker name (not '-', no braces)")
-            breakers[name] = _breaker_config(setting, options, defaults)
+                raise invalid("resilience_breakers", name, "a breaker name (not '-', no braces)")
+            breakers[name] = breaker_config(setting, options, defaults)
 
         redis_url = _redis_url(get("redis_url"), conf.get("broker_url"))
         redis_options = get("redis_options")
@@ -217,9 +252,9 @@ class ResilienceConfig:
             redis_url=redis_url,
             redis_options=redis_options or {},
             park_replicas=park_replicas(get("park_replicas", 0)),
-            key_prefix=_string("resilience_key_prefix", get("key_prefix", "resilience")),
-            redis_timeout=_positive("resilience_redis_timeout", get("redis_timeout", 0.5)),
-            on_redis_error=_choice(
+            key_prefix=string("resilience_key_prefix", get("key_prefix", "resilience")),
+            redis_timeout=positive("resilience_redis_timeout", get("redis_timeout", 0.5)),
+            on_redis_error=choice(
                 "resilience_on_redis_error",
                 get("on_redis_error", "fail_open"),
                 ("fail_open", "fail_closed"),
@@ -227,29 +262,31 @@ class ResilienceConfig:
             breaker_defaults=defaults,
             breakers=breakers,
             max_countdown=_max_countdown(get("max_countdown"), conf),
-            max_deliveries=_integer("resilience_max_deliveries", get("max_deliveries", 3)),
-            dedup_ttl=_positive("resilience_dedup_ttl", get("dedup_ttl", 86400.0)),
-            dedup_lease=_positive("resilience_dedup_lease", get("dedup_lease", 600.0)),
+            max_deliveries=integer("resilience_max_deliveries", get("max_deliveries", 3)),
+            dedup_ttl=positive("resilience_dedup_ttl", get("dedup_ttl", 86400.0)),
+            dedup_lease=positive("resilience_dedup_lease", get("dedup_lease", 600.0)),
             serializer=serializer(get("serializer"), conf.get("task_serializer")),
-            drain_batch=_integer("resilience_drain_batch", get("drain_batch", 100)),
-            drain_rate=_positive("resilience_drain_rate", get("drain_rate", 50.0)),
-            drain_max_queue_depth=_optional(
-                _integer,
+            drain_batch=integer("resilience_drain_batch", get("drain_batch", 100)),
+            drain_rate=per_second("resilience_drain_rate", get("drain_rate", 50.0)),
+            drain_max_queue_depth=optional(
+                integer,
                 "resilience_drain_max_queue_depth",
                 get("drain_max_queue_depth", DEFAULT_MAX_QUEUE_DEPTH),
             ),
-            drain_slow_start=_integer("resilience_drain_slow_start", get("drain_slow_start", 2)),
-            replay_queue=_optional(_string, "resilience_replay_queue", get("replay_queue")),
-            max_replays=_integer("resilience_max_replays", get("max_replays", 5)),
-            dead_ttl=_optional(_positive, "resilience_dead_ttl", get("dead_ttl")),
-            backout_max_entries=_integer(
+            drain_slow_start=integer("resilience_drain_slow_start", get("drain_slow_start", 2)),
+            replay_queue=optional(string, "resilience_replay_queue", get("replay_queue")),
+            max_replays=integer("resilience_max_replays", get("max_replays", 5)),
+            dead_ttl=optional(positive, "resilience_dead_ttl", get("dead_ttl")),
+            derived_shown=integer("resilience_derived_shown", get("derived_shown", 20)),
+            backout_max_entries=integer(
                 "resilience_backout_max_entries", get("backout_max_entries", 1_000_000)
             ),
-            backout_store=_backout_store(get("backout_store", "redis")),
-            park_on_delay=_positive("resilience_park_on_delay", get("park_on_delay", 60.0)),
-            keep_delay=_positive("resilience_keep_delay", get("keep_delay", 30.0)),
-            park_attempts=_integer("resilience_park_attempts", get("park_attempts", 10)),
+            backout_store=backout_store_path(get("backout_store", "redis")),
+            park_on_delay=positive("resilience_park_on_delay", get("park_on_delay", 60.0)),
+            keep_delay=positive("resilience_keep_delay", get("keep_delay", 30.0)),
+            park_attempts=integer("resilience_park_attempts", get("park_attempts", 10)),
             broker_redelivery_after=broker_countdown_limit(conf),
             signing_keys=signing_keys(get("signing_key")),
             encryption_keys=encryption_keys(get("encryption_key")),
+            sensitive_keys=sensitive_keys(get("sensitive_keys", ())),
         )

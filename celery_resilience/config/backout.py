@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from ..errors import ConfigurationError
-from .values import _bad, _string
+from .values import invalid, string
 
 #: Where ``resilience_backout_store = "django"`` finds its factory.
 DJANGO_STORE = "celery_resilience.contrib.django.store.make_store"
@@ -26,12 +26,12 @@ def backout_store_factory(path: str) -> Callable[..., Any]:
             f"importable factory, got {path!r} ({type(exc).__name__}: {exc})"
         ) from exc
     if not callable(factory):
-        raise _bad("resilience_backout_store", path, "the dotted path of a callable factory")
+        raise invalid("resilience_backout_store", path, "the dotted path of a callable factory")
     return cast(Callable[..., Any], factory)
 
 
-def _backout_store(value: Any) -> str:
-    path = _string("resilience_backout_store", value)
+def backout_store_path(value: Any) -> str:
+    path = string("resilience_backout_store", value)
     if path != "redis":
         backout_store_factory(path)  # fails now, naming the setting, not at the first park
     return path

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigurationError
-from .values import _bad, _integer, _optional, _positive, _rate, exception_types
+from .values import exception_types, integer, invalid, optional, positive, rate
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,9 @@ class BreakerConfig:
     probe_lease: float = 60.0
     max_concurrent_calls: int | None = None
     call_lease: float = 60.0
+    #: Derived breakers (named at call time, ``<name>:<key>``) unwritten for this long leave no
+    #: keys behind.
+    idle_timeout: float = 3600.0
     ignore: tuple[type[BaseException], ...] = ()
 
     @property
@@ -34,9 +37,9 @@ class BreakerConfig:
         return self.open_timeout if self.open_timeout_max is None else self.open_timeout_max
 
 
-def _breaker_config(setting: str, options: Any, base: BreakerConfig) -> BreakerConfig:
+def breaker_config(setting: str, options: Any, base: BreakerConfig) -> BreakerConfig:
     if not isinstance(options, Mapping):
-        raise _bad(setting, options, "a dict of breaker options")
+        raise invalid(setting, options, "a dict of breaker options")
     known = BreakerConfig.__dataclass_fields__
     unknown = sorted(set(options) - set(known))
     if unknown:
@@ -50,27 +53,52 @@ def _breaker_config(setting: str, options: Any, base: BreakerConfig) -> BreakerC
         return f"{setting}[{option!r}]"
 
     cfg = BreakerConfig(
-        failure_threshold=_integer(at("failure_threshold"), values["failure_threshold"]),
-        failure_rate_threshold=_optional(
-            _rate, at("failure_rate_threshold"), values["failure_rate_threshold"]
+        failure_threshold=integer(at("failure_threshold"), values["failure_threshold"]),
+        failure_rate_threshold=optional(
+            rate, at("failure_rate_threshold"), values["failure_rate_threshold"]
         ),
-        minimum_calls=_integer(at("minimum_calls"), values["minimum_calls"]),
-        window=_positive(at("window"), values["window"]),
-        slow_call_seconds=_optional(
-            _positive, at("slow_call_seconds"), values["slow_call_seconds"]
+        minimum_calls=integer(at("minimum_calls"), values["minimum_calls"]),
+        window=positive(at("window"), values["window"]),
+        slow_call_seconds=optional(positive, at("slow_call_seconds"), values["slow_call_seconds"]),
+        open_timeout=positive(at("open_timeout"), values["open_timeout"]),
+        open_timeout_max=optional(positive, at("open_timeout_max"), values["open_timeout_max"]),
+        half_open_max_calls=integer(at("half_open_max_calls"), values["half_open_max_calls"]),
+        probe_lease=positive(at("probe_lease"), values["probe_lease"]),
+        max_concurrent_calls=optional(
+            integer, at("max_concurrent_calls"), values["max_concurrent_calls"]
         ),
-        open_timeout=_positive(at("open_timeout"), values["open_timeout"]),
-        open_timeout_max=_optional(_positive, at("open_timeout_max"), values["open_timeout_max"]),
-        half_open_max_calls=_integer(at("half_open_max_calls"), values["half_open_max_calls"]),
-        probe_lease=_positive(at("probe_lease"), values["probe_lease"]),
-        max_concurrent_calls=_optional(
-            _integer, at("max_concurrent_calls"), values["max_concurrent_calls"]
-        ),
-        call_lease=_positive(at("call_lease"), values["call_lease"]),
+        call_lease=positive(at("call_lease"), values["call_lease"]),
+        idle_timeout=positive(at("idle_timeout"), values["idle_timeout"]),
         ignore=exception_types(setting, "ignore", values["ignore"]),
     )
     if cfg.open_timeout_max is not None and cfg.open_timeout_max < cfg.open_timeout:
-        raise _bad(
+        raise invalid(
             at("open_timeout_max"), cfg.open_timeout_max, f">= open_timeout ({cfg.open_timeout})"
         )
+    # An open derived breaker must reach half-open (a probe's write keeps it) before it can
+    # be forgotten, and its window must fit in its life.
+    floor = max(cfg.max_open_timeout, cfg.window, cfg.probe_lease, cfg.call_lease)
+    if cfg.idle_timeout <= floor:
+        raise invalid(
+            at("idle_timeout"),
+            cfg.idle_timeout,
+            f"longer than open_timeout_max, window, probe_lease and call_lease ({floor:g}s)",
+        )
     return cfg
+
+
+def derived_name(breakers: Mapping[str, BreakerConfig], base: str, key: str) -> str:
+    """The name of the breaker derived from declared breaker ``base`` for ``key`` (a host, a
+    tenant): ``<base>:<key>``. ``ConfigurationError`` if ``base`` is not declared or ``key`` is
+    unusable (empty, over 200 characters, or braces, which would break Redis Cluster's tags)."""
+    if base not in breakers:
+        raise ConfigurationError(
+            f"breaker {base!r} is not in resilience_breakers: a breaker named at call time "
+            "takes its settings from a declared one"
+        )
+    if not isinstance(key, str) or not key or len(key) > 200 or "{" in key or "}" in key:
+        raise ConfigurationError(
+            f"breaker key {key!r} for {base!r} must be a non-empty string of at most 200 "
+            "characters, without braces"
+        )
+    return f"{base}:{key}"

@@ -8,7 +8,7 @@ from urllib.parse import urlparse
 
 from ..errors import ConfigurationError
 from .deployment import SENTINEL_SCHEME, kind_of
-from .values import _bad, _positive
+from .values import invalid, positive
 
 REDIS_SCHEMES = ("redis", "rediss", "unix")
 #: ``resilience_redis_url`` value that keeps breakers and parked tasks in the process
@@ -39,16 +39,16 @@ def _redis_url(value: Any, broker_url: Any) -> str:
             f"(broker_url={broker_url!r}): set resilience_redis_url"
         )
     if not isinstance(value, str):
-        raise _bad("resilience_redis_url", value, "a redis:// URL")
+        raise invalid("resilience_redis_url", value, "a redis:// URL")
     if kind_of(value) in ("sentinel", "cluster"):
         return value  # parsed by config.deployment, with resilience_redis_options
     parsed = urlparse(value)
     try:
         parsed.port  # noqa: B018 - raises ValueError on a malformed port
     except ValueError as exc:
-        raise _bad("resilience_redis_url", value, "a redis:// URL") from exc
+        raise invalid("resilience_redis_url", value, "a redis:// URL") from exc
     if parsed.scheme not in REDIS_SCHEMES or not (parsed.hostname or parsed.path):
-        raise _bad(
+        raise invalid(
             "resilience_redis_url",
             value,
             "a redis://, rediss://, unix://, sentinel:// or redis+cluster:// URL",
@@ -75,4 +75,4 @@ def broker_countdown_limit(conf: Any) -> float:
 def _max_countdown(value: Any, conf: Any) -> float:
     if value is None:
         return broker_countdown_limit(conf) * _COUNTDOWN_SAFETY
-    return _positive("resilience_max_countdown", value)
+    return positive("resilience_max_countdown", value)

@@ -14,7 +14,7 @@ from typing import Any, Literal
 from urllib.parse import unquote, urlparse
 
 from ..errors import ConfigurationError
-from .values import _bad
+from .values import invalid
 
 Kind = Literal["server", "sentinel", "cluster"]
 SERVER_SCHEMES = ("redis", "rediss", "unix")
@@ -89,7 +89,7 @@ def deployment(url: str, options: Any = None) -> RedisDeployment:
         return _cluster(url, opts)
     if kind == "server":
         return RedisDeployment("server", url, options=opts)
-    raise _bad(
+    raise invalid(
         URL_SETTING, url, "a redis://, rediss://, unix://, sentinel:// or redis+cluster:// URL"
     )
 
@@ -97,7 +97,7 @@ def deployment(url: str, options: Any = None) -> RedisDeployment:
 def park_replicas(value: Any) -> int:
     """``resilience_park_replicas``: how many replicas must hold an entry before its ack."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise _bad("resilience_park_replicas", value, "an integer >= 0")
+        raise invalid("resilience_park_replicas", value, "an integer >= 0")
     return value
 
 
@@ -112,11 +112,13 @@ def _options(value: Any, kind: Kind | None) -> dict[str, Any]:
     if value is None:
         value = {}
     if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
-        raise _bad(OPTIONS_SETTING, value, "a dict of client option -> value")
+        raise invalid(OPTIONS_SETTING, value, "a dict of client option -> value")
     options = dict(value)
     for key in RESERVED:
         if key in options:
-            raise _bad(f"{OPTIONS_SETTING}[{key!r}]", options[key], "left out: the package sets it")
+            raise invalid(
+                f"{OPTIONS_SETTING}[{key!r}]", options[key], "left out: the package sets it"
+            )
     if kind == "sentinel":
         name = options.get("master_name")
         if not isinstance(name, str) or not name:
@@ -125,15 +127,17 @@ def _options(value: Any, kind: Kind | None) -> dict[str, Any]:
                 f"{URL_SETTING}: the name of the primary the sentinels monitor, got {name!r}"
             )
         if not isinstance(options.get("sentinel_kwargs", {}), Mapping):
-            raise _bad(
+            raise invalid(
                 f"{OPTIONS_SETTING}['sentinel_kwargs']", options["sentinel_kwargs"], "a dict"
             )
     elif kind is not None:
         for key in SENTINEL_ONLY:
             if key in options:
-                raise _bad(f"{OPTIONS_SETTING}[{key!r}]", options[key], "set only with sentinel://")
+                raise invalid(
+                    f"{OPTIONS_SETTING}[{key!r}]", options[key], "set only with sentinel://"
+                )
     if kind == "cluster" and options.get("db", 0) != 0:
-        raise _bad(f"{OPTIONS_SETTING}['db']", options["db"], "0: a cluster has one database")
+        raise invalid(f"{OPTIONS_SETTING}['db']", options["db"], "0: a cluster has one database")
     return options
 
 
@@ -150,9 +154,9 @@ def _sentinel(url: str, options: dict[str, Any]) -> RedisDeployment:
         try:
             port = parsed.port or SENTINEL_PORT
         except ValueError as exc:
-            raise _bad(URL_SETTING, url, "sentinel://host:port URLs, ';'-separated") from exc
+            raise invalid(URL_SETTING, url, "sentinel://host:port URLs, ';'-separated") from exc
         if parsed.scheme != SENTINEL_SCHEME or not parsed.hostname:
-            raise _bad(URL_SETTING, url, "sentinel://host:port URLs, ';'-separated")
+            raise invalid(URL_SETTING, url, "sentinel://host:port URLs, ';'-separated")
         nodes.append((parsed.hostname, port))
         username = username or (unquote(parsed.username) if parsed.username else None)
         password = password or (unquote(parsed.password) if parsed.password else None)
@@ -171,10 +175,10 @@ def _cluster(url: str, options: dict[str, Any]) -> RedisDeployment:
     userinfo, _, hosts = where.rpartition("@")
     username, _, password = userinfo.partition(":")
     if path.strip("/") and _db(url, path.strip("/")) != 0:
-        raise _bad(URL_SETTING, url, "a cluster URL without a database (a cluster has only 0)")
+        raise invalid(URL_SETTING, url, "a cluster URL without a database (a cluster has only 0)")
     nodes = [_host_port(url, h) for h in hosts.split(",") if h.strip()]
     if not nodes:
-        raise _bad(URL_SETTING, url, "redis+cluster://host:port, with one node or more")
+        raise invalid(URL_SETTING, url, "redis+cluster://host:port, with one node or more")
     return RedisDeployment(
         "cluster",
         url,
@@ -193,11 +197,11 @@ def _host_port(url: str, text: str) -> tuple[str, int]:
         host, port = port, str(CLUSTER_PORT)
     host = host.strip("[]")  # [::1]:7000
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise _bad(URL_SETTING, url, "redis+cluster://host:port, ','-separated")
+        raise invalid(URL_SETTING, url, "redis+cluster://host:port, ','-separated")
     return host, int(port)
 
 
 def _db(url: str, text: str) -> int:
     if not text.isdigit():
-        raise _bad(URL_SETTING, url, "a URL whose path is a database number")
+        raise invalid(URL_SETTING, url, "a URL whose path is a database number")
     return int(text)

@@ -1,5 +1,6 @@
-"""The back-out store's trust settings: its serializer (from an allow-list), the signing keys
-and the encryption keys. No key is ever part of an error message."""
+"""The back-out store's trust settings: its serializer (from an allow-list), the signing keys,
+the encryption keys and the argument names every surface masks. No key is ever part of an error
+message."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..errors import ConfigurationError
-from .values import _bad
+from .values import invalid
 
 #: Serializers the store may write with; pickle only when ``resilience_serializer`` names it.
 SAFE_SERIALIZERS = ("json", "msgpack")
@@ -28,7 +29,7 @@ def serializer(named: Any, task_serializer: Any) -> str:
     if named is None or named == "":
         return task_serializer if task_serializer in SAFE_SERIALIZERS else "json"
     if named not in (*SAFE_SERIALIZERS, PICKLE):
-        raise _bad("resilience_serializer", named, "one of 'json', 'msgpack', 'pickle'")
+        raise invalid("resilience_serializer", named, "one of 'json', 'msgpack', 'pickle'")
     return str(named)
 
 
@@ -93,3 +94,17 @@ def encryption_key_bytes(setting: str, keys: Sequence[str | bytes]) -> list[byte
     if not decoded:
         raise ConfigurationError(f"{setting} holds no key")
     return decoded
+
+
+def sensitive_keys(value: Any) -> tuple[str, ...]:
+    """``resilience_sensitive_keys``: argument names whose values are masked wherever a person
+    reads a parked task (matched case-insensitively, at any depth of the arguments)."""
+    setting = "resilience_sensitive_keys"
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, (list, tuple, set, frozenset)):
+        raise invalid(setting, value, "a list of argument names")
+    for name in value:
+        if not isinstance(name, str) or not name:
+            raise invalid(setting, value, "a list of non-empty argument names")
+    return tuple(sorted({name.lower() for name in value}))

@@ -16,44 +16,56 @@ from ..errors import ConfigurationError
 T = TypeVar("T")
 
 
-def _bad(setting: str, value: Any, expected: str) -> ConfigurationError:
+def invalid(setting: str, value: Any, expected: str) -> ConfigurationError:
+    """The error to raise: ``<setting> must be <expected>, got <value>``."""
     return ConfigurationError(f"{setting} must be {expected}, got {value!r}")
 
 
-def _integer(setting: str, value: Any) -> int:
+def integer(setting: str, value: Any) -> int:
     # bool is an int subclass; ``failure_threshold=True`` is a mistake, not 1.
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise _bad(setting, value, "an integer >= 1")
+        raise invalid(setting, value, "an integer >= 1")
     return value
 
 
-def _positive(setting: str, value: Any) -> float:
+def positive(setting: str, value: Any) -> float:
+    """Seconds: a finite number > 0."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise _bad(setting, value, "a number of seconds > 0")
+        raise invalid(setting, value, "a number of seconds > 0")
     if not math.isfinite(value):
-        raise _bad(setting, value, "a finite number")
+        raise invalid(setting, value, "a finite number")
     return float(value)
 
 
-def _rate(setting: str, value: Any) -> float:
+def per_second(setting: str, value: Any) -> float:
+    """A rate in tasks per second (> 0, finite)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise invalid(setting, value, "a number of tasks per second > 0")
+    if not math.isfinite(value):
+        raise invalid(setting, value, "a finite number")
+    return float(value)
+
+
+def rate(setting: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
-        raise _bad(setting, value, "a rate in (0, 1]")
+        raise invalid(setting, value, "a rate in (0, 1]")
     return float(value)
 
 
-def _string(setting: str, value: Any) -> str:
+def string(setting: str, value: Any) -> str:
     if not isinstance(value, str) or not value:
-        raise _bad(setting, value, "a non-empty string")
+        raise invalid(setting, value, "a non-empty string")
     return value
 
 
-def _choice(setting: str, value: Any, choices: tuple[str, ...]) -> Any:
+def choice(setting: str, value: Any, choices: tuple[str, ...]) -> Any:
     if value not in choices:
-        raise _bad(setting, value, "one of " + ", ".join(repr(c) for c in choices))
+        raise invalid(setting, value, "one of " + ", ".join(repr(c) for c in choices))
     return value
 
 
-def _optional(check: Callable[[str, Any], T], setting: str, value: Any) -> T | None:
+def optional(check: Callable[[str, Any], T], setting: str, value: Any) -> T | None:
+    """``check`` unless ``value`` is ``None`` (the setting is off)."""
     return None if value is None else check(setting, value)
 
 
@@ -71,9 +83,29 @@ def exception_types(owner: str, option: str, value: Any) -> tuple[type[BaseExcep
     for item in items:
         resolved = _import_path(name, item) if isinstance(item, str) else item
         if not (isinstance(resolved, type) and issubclass(resolved, BaseException)):
-            raise _bad(name, item, "exception classes or dotted paths to them")
+            raise invalid(name, item, "exception classes or dotted paths to them")
         types.append(resolved)
     return tuple(types)
+
+
+def task_options(
+    owner: str, on_open: Any, backoff: Any, max_retries: Any, breaker: Any, key: Any = None
+) -> None:
+    """Check a ``ResilientTask``'s own options (class attributes), naming ``owner`` in the error."""
+    if on_open not in ("park", "retry"):
+        raise invalid(f"{owner}.on_open", on_open, "'park' or 'retry'")
+    if not callable(backoff):
+        raise invalid(f"{owner}.backoff", backoff, "a backoff strategy")
+    if max_retries is not None and (
+        isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0
+    ):
+        raise invalid(f"{owner}.max_retries", max_retries, "an integer >= 0")
+    if breaker is not None and not isinstance(breaker, str):
+        raise invalid(f"{owner}.breaker", breaker, "a breaker name")
+    if key is not None and not (isinstance(key, str) or callable(key)):
+        raise invalid(f"{owner}.breaker_key", key, "a template such as '{host}' or a callable")
+    if key is not None and breaker is None:
+        raise invalid(f"{owner}.breaker_key", key, "given with breaker= (the declared breaker)")
 
 
 def _import_path(setting: str, path: str) -> Any:
@@ -82,4 +114,4 @@ def _import_path(setting: str, path: str) -> Any:
     try:
         return getattr(importlib.import_module(module or "builtins"), name)
     except (ImportError, AttributeError, ValueError, TypeError) as exc:  # TypeError: ".x"
-        raise _bad(setting, path, "an importable dotted path") from exc
+        raise invalid(setting, path, "an importable dotted path") from exc

@@ -27,10 +27,10 @@ import pytest
 import redis
 
 from .. import runtime as runtimes
+from ..backout.entry import ParkedTask
 from ..breaker.breaker import Breaker
 from ..config import MEMORY_URL, ResilienceConfig
 from ..drain import DrainReport
-from ..parked.entry import ParkedTask
 from ..resilience import Resilience
 from ..runtime import Runtime
 
@@ -104,7 +104,7 @@ def resilience_factory(
     request: pytest.FixtureRequest,
 ) -> Iterator[Callable[..., ResilienceHarness]]:
     """``make(app, backend=None, redis_url=None, **settings)`` -> an isolated harness."""
-    made: list[tuple[Any, Runtime | None, Resilience]] = []
+    made: list[tuple[Any, Runtime | None, Runtime]] = []
 
     def make(
         app: Any, backend: str | None = None, redis_url: str | None = None, **settings: Any
@@ -122,16 +122,16 @@ def resilience_factory(
         else:
             raise ValueError(f"backend must be 'memory' or 'redis', got {backend!r}")
         config = ResilienceConfig.from_conf(_Overlay(app.conf, overrides))
-        resilience = Resilience(app, config=config)
-        made.append((app, runtimes.installed(app), resilience))
-        Resilience.install(app, resilience)
-        return ResilienceHarness(app, resilience)
+        runtime = Runtime(app, config)
+        made.append((app, runtimes.installed(app), runtime))
+        runtimes.install(app, runtime)
+        return ResilienceHarness(app, Resilience.for_app(app))
 
     yield make
-    for app, previous, resilience in reversed(made):
-        if not resilience.config.in_memory:
-            delete_prefix(resilience.redis, resilience.config.key_prefix)
-        resilience.close()
+    for app, previous, runtime in reversed(made):
+        if not runtime.config.in_memory:
+            delete_prefix(runtime.redis, runtime.config.key_prefix)
+        runtime.close()
         if previous is None:
             runtimes.forget(app)
         else:

@@ -128,5 +128,7 @@ CELERY_RESILIENCE_BREAKERS = {
         "max_concurrent_calls": int(os.environ.get("SHOP_BULKHEAD") or 0) or None,
     },
 }
+# Argument names whose values the admin, the CLI and the logs show as ***.
+CELERY_RESILIENCE_SENSITIVE_KEYS = ["card_token"]
 CELERY_RESILIENCE_DRAIN_RATE = 100.0  # parked tasks published per second once it is back
 CELERY_RESILIENCE_DRAIN_BATCH = 50

@@ -66,10 +66,11 @@ def app() -> Iterator[Any]:
 def shop(app: Any, resilience_factory: Callable[..., ResilienceHarness]) -> ResilienceHarness:
     """The shop's breakers and store, in memory, fresh for this test (the package's plugin).
 
-    The breaker's open timeout is cut to 0.2 s so a test can watch it half-open.
+    The breaker's open timeout is cut to 1 s so a test can watch it half-open (long enough that
+    a loaded machine does not see it half-open before the test looks at it open).
     """
     breakers = dict(app.conf.resilience_breakers)
-    breakers["payments"] = {**breakers["payments"], "open_timeout": 0.2}
+    breakers["payments"] = {**breakers["payments"], "open_timeout": 1.0}
     return resilience_factory(app, breakers=breakers)
 
 

@@ -92,7 +92,7 @@ def live(
         pytest.fail(f"no Redis at {REDIS_URL} ({exc}): start one or set RESILIENCE_TEST_REDIS_URL")
     app.conf.task_always_eager = False  # the worker runs the tasks
     harness = resilience_factory(app, backend="redis", redis_url=REDIS_URL)
-    prefix = harness.resilience.config.key_prefix
+    prefix = harness.resilience.runtime.config.key_prefix
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT), os.environ.get("PYTHONPATH")])),

@@ -27,7 +27,7 @@ def status(order: Order) -> str:
 
 
 def test_django_settings_reach_the_package(app: Any, shop: ResilienceHarness) -> None:
-    config = shop.resilience.config
+    config = shop.resilience.runtime.config
     assert config.breaker("payments").failure_threshold == 5  # CELERY_RESILIENCE_BREAKERS
     assert config.key_prefix == "shop-tests"  # CELERY_RESILIENCE_KEY_PREFIX
     assert config.drain_rate == 100.0
@@ -75,8 +75,11 @@ def test_an_outage_parks_orders_and_the_drain_charges_each_once(
 
     gateway.up()
     assert shop.drain().replayed == 0  # still open: nothing leaves the store
-    # An entry parked after its last retry is due after one more backoff delay (<= 1.6 s).
-    time.sleep(max(0.25, max(e.due_at for e in shop.parked()) - time.time() + 0.05))
+    # An entry parked after its last retry is due after one more backoff delay (<= 1.6 s), and
+    # the breaker lets a probe through once its open timeout has run.
+    open_until = shop.breaker("payments").snapshot()["open_until"]
+    due = max(open_until, *(e.due_at for e in shop.parked()))
+    time.sleep(max(0.25, due - time.time() + 0.05))
     report = shop.drain()  # one probe succeeds, the breaker closes, the rest follows
     assert (report.replayed, report.dead) == (3, 0)
     assert shop.state("payments") == "closed"

@@ -10,10 +10,18 @@
 -- ARGV[2..11] limits: failure_threshold, failure_rate_threshold (0 = off), minimum_calls,
 --          window_us, open_timeout_us, open_timeout_max_us, half_open_max_calls, probe_lease_us,
 --          max_concurrent_calls (0 = no bulkhead), call_lease_us
--- ARGV[12] the breaker's name;  ARGV[13] the channel its changes are published on
+-- ARGV[12] idle_us: 0 for a declared breaker; for a derived one (named at call time, see
+--          below) how long its keys outlive its last write
+-- ARGV[13] the breaker's name;  ARGV[14] the channel its changes are published on
+-- KEYS[4..6] the family of a derived breaker ``<base>:<key>``, under the base's hash tag (unused
+--          for a declared breaker): {prefix:breaker:BASE}:family hash ver, epoch, totals;
+--          :members zset name -> last write (µs); :troubled zset, the members whose view is not
+--          closed without a streak, name -> last write. ``ver`` counts the members' view
+--          changes: a process that heard every one of them since a reply knows that every
+--          member outside ``troubled`` is closed (knowledge.py's family knowledge).
 -- The view (types.view: the state, and whether a streak of failures runs) is what processes
 -- cache between round trips: a script that changes it bumps ``ver`` and publishes
--- "<ver>|<state>|<streak 0|1>|<epoch>|<name>" on ARGV[13], so every process learns of it at
+-- "<ver>|<state>|<streak 0|1>|<epoch>|<name>" on ARGV[14], so every process learns of it at
 -- once.
 -- ``epoch`` names this incarnation of the hash: set (from TIME) by the first script that writes
 -- a hash without one, so a hash recreated after DEL / FLUSHDB / eviction / a restore, whose
@@ -23,6 +31,8 @@
 -- to redis.call as numbers, never concatenated (tostring keeps only 14 digits).
 
 local STATE_KEY, PROBES_KEY, CALLS_KEY = KEYS[1], KEYS[2], KEYS[3]
+local FAMILY_KEY, MEMBERS_KEY, TROUBLED_KEY = KEYS[4], KEYS[5], KEYS[6]
+local IDLE_US = tonumber(ARGV[12])
 local BUCKETS, MAX_GROWTH = 10, 40
 local TOTALS = {'opened_total', 'half_opened_total', 'closed_total', 'calls_total',
                 'failures_total', 'successes_total', 'rejected_total', 'bulkhead_rejected_total'}
@@ -73,6 +83,64 @@ local function view() return state() .. '|' .. streak() end
 local function epoch() return h.epoch or '' end
 local viewed = view()
 
+-- A derived breaker's family: its version and epoch, read once ({0, ''} for a declared one).
+local family_ver, family_epoch
+local family_changed = 0  -- 1: this script's change is the family's version ``family_ver``
+local function read_family()
+  if family_ver then return end
+  family_ver, family_epoch = 0, ''
+  if IDLE_US > 0 then
+    local f = redis.call('HMGET', FAMILY_KEY, 'ver', 'epoch')
+    family_ver, family_epoch = tonumber(f[1]) or 0, f[2] or ''
+  end
+end
+local function family() read_family(); return family_ver end
+local function family_id() read_family(); return family_epoch end
+local function family_mine() return family_changed end
+
+-- A derived breaker's write: its keys and its family's live IDLE_US more; a view change is a
+-- change of the family too (published with the family's version, see knowledge.py). A state a
+-- person forced is kept until a person ends it: its keys never expire, nor its family's while
+-- any member is forced, and its last write is "never" (2^52), so that family.lua never forgets
+-- it. ``ntroubled`` counts what ``troubled`` should hold: family.lua rebuilds the set when they
+-- differ (a key lost to eviction or a restore). Returns whether the family changed although
+-- the member's view did not (it was missing from ``troubled``): that is published too.
+local FOREVER = 4503599627370496
+local sets_written = false  -- a bulkhead slot or a probe lease was written (acquire.lua)
+local function touch_family(changed)
+  local ms = math.max(1, math.ceil(IDLE_US / 1000))
+  local forced = state() == 'forced_open' or state() == 'forced_closed'
+  for _, key in ipairs({STATE_KEY, PROBES_KEY, CALLS_KEY}) do
+    if forced then redis.call('PERSIST', key) else redis.call('PEXPIRE', key, ms) end
+  end
+  read_family()
+  if family_epoch == '' then
+    local t = redis.call('TIME')
+    family_epoch = t[1] .. '.' .. t[2]
+    redis.call('HSET', FAMILY_KEY, 'epoch', family_epoch)
+  end
+  local written = forced and FOREVER or now
+  redis.call('ZADD', MEMBERS_KEY, written, ARGV[13])
+  local troubled = viewed ~= 'closed|0' and viewed ~= 'forced_closed|0'
+  local moved = 0
+  if troubled then
+    moved = redis.call('ZADD', TROUBLED_KEY, written, ARGV[13])
+  elseif changed then
+    moved = -redis.call('ZREM', TROUBLED_KEY, ARGV[13])
+  end
+  if moved ~= 0 then redis.call('HINCRBY', FAMILY_KEY, 'ntroubled', moved) end
+  local bumped = moved ~= 0 and not changed
+  if changed or bumped then
+    family_ver = redis.call('HINCRBY', FAMILY_KEY, 'ver', 1)
+    family_changed = 1
+  end
+  local pinned = redis.call('ZCOUNT', MEMBERS_KEY, FOREVER, '+inf') > 0
+  for _, key in ipairs({FAMILY_KEY, MEMBERS_KEY, TROUBLED_KEY}) do
+    if pinned then redis.call('PERSIST', key) else redis.call('PEXPIRE', key, ms) end
+  end
+  return bumped
+end
+
 -- Writes what changed, and publishes the view when it changed (once per script: save is last).
 -- A hash written without an epoch is a new incarnation (or one older than epochs): it gets one.
 local function save()
@@ -85,9 +153,15 @@ local function save()
   local args = {}
   for field in pairs(dirty) do args[#args + 1] = field; args[#args + 1] = h[field] end
   if #args > 0 then redis.call('HSET', STATE_KEY, unpack(args)) end
-  if changed then
-    local change = num('ver') .. '|' .. view() .. '|' .. epoch() .. '|' .. ARGV[12]
-    redis.call('PUBLISH', ARGV[13], change)
+  local bumped = false
+  if IDLE_US > 0 and (#args > 0 or sets_written) then bumped = touch_family(changed) end
+  if changed or bumped then
+    local change = num('ver') .. '|' .. view() .. '|' .. epoch() .. '|' .. ARGV[13]
+    if IDLE_US > 0 then
+      -- "F|<family ver>|<family epoch>|" ahead: what a family view orders changes by.
+      change = 'F|' .. family() .. '|' .. family_id() .. '|' .. change
+    end
+    redis.call('PUBLISH', ARGV[14], change)
   end
 end
 

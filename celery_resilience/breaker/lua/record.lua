@@ -1,15 +1,15 @@
 -- record: the outcome of a permitted call (model.record).
--- KEYS[1..3], ARGV[1..13]: see _common.lua
--- ARGV[14] kind "normal" | "probe";  ARGV[15] permit id;  ARGV[16] "1" success | "0" failure
--- ARGV[17] deferred successes of this process, recorded first
+-- KEYS[1..3], ARGV[1..14]: see _common.lua
+-- ARGV[15] kind "normal" | "probe";  ARGV[16] permit id;  ARGV[17] "1" success | "0" failure
+-- ARGV[18] deferred successes of this process, recorded first
 -- The permit's bulkhead slot, if it held one, is freed whatever the state.
 -- Returns {state, transition this call made or "", version of the view, streak 0|1,
 --          epoch of the hash ("" while it does not exist)}: exactly
 -- one caller sees each "opened".
 
-local kind, permit_id, success = ARGV[14], ARGV[15], ARGV[16] == '1'
+local kind, permit_id, success = ARGV[15], ARGV[16], ARGV[17] == '1'
 local failures = success and 0 or 1
-apply_deferred(tonumber(ARGV[17]))
+apply_deferred(tonumber(ARGV[18]))
 count(1, failures)
 free_slot(permit_id)
 
@@ -41,4 +41,4 @@ elseif s == 'closed' or s == 'forced_closed' then
   end
 end
 save()
-return {state(), transition, num('ver'), streak(), epoch()}
+return {state(), transition, num('ver'), streak(), epoch(), family(), family_id(), family_mine()}

@@ -1,5 +1,5 @@
 -- snapshot: a read-only view (model.snapshot); writes nothing.
--- KEYS[1..3], ARGV[1..13]: see _common.lua
+-- KEYS[1..3], ARGV[1..14]: see _common.lua
 -- Returns a flat list {field, value, ...}; times in microseconds (0 = never), an open breaker
 -- whose timeout has passed reads as half_open.
 

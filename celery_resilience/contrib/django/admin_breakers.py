@@ -19,16 +19,19 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 
-from ...parked.store import NO_BREAKER
+from ...backout.store import NO_BREAKER
+from ...breaker_listing import is_known, listing
+from ...maintenance import Window, forget, start, windows
 from ...redact import get_logger, redact
 from ...resilience import Resilience
+from . import audit
 from .admin_messages import RedactedMessages
 from .conf import database_store_in_use, resilience
-from .display import iso, relative, when
+from .display import error, iso, relative, when
 
 logger = get_logger("celery_resilience.admin")
-#: States whose ``open_until`` means something: when an open breaker lets a probe through.
-TIMED = ("open", "half_open")
+#: Longest maintenance window the force-open form takes (minutes): a week.
+MAX_WINDOW_MINUTES = 7 * 24 * 60
 
 
 @dataclass(frozen=True)
@@ -68,8 +71,9 @@ LEVERS = {
 
 
 def breaker_names(res: Resilience) -> builtins.list[str]:
-    """Configured breakers, breakers with state, and breakers that have parked tasks."""
-    return sorted(set(res.breaker_names()) | (res.backout_store.breakers() - {NO_BREAKER}))
+    """Configured breakers, breakers with state, and breakers that have parked tasks (of the
+    derived ones, the troubled first: ``breaker_listing``)."""
+    return listing(res.runtime).names
 
 
 def steer(res: Resilience, name: str, action: str) -> str:
@@ -79,22 +83,76 @@ def steer(res: Resilience, name: str, action: str) -> str:
     return str(breaker.snapshot()["state"])
 
 
-def row(name: str, snap: dict[str, Any], now: float, limit: int | None = None) -> dict[str, Any]:
+def _moment(seconds: float | None, now: float, text: str = "") -> dict[str, str]:
+    """A time cell: relative to ``now`` (or ``text``), the exact time as its title."""
+    if not seconds:
+        return {"text": text or "—", "exact": "", "iso": ""}
+    return {"text": text or relative(seconds, now), "exact": when(seconds), "iso": iso(seconds)}
+
+
+def row(
+    name: str,
+    snap: dict[str, Any],
+    now: float,
+    limit: int | None = None,
+    window: Window | None = None,
+) -> dict[str, Any]:
     """One line of the page, times relative to ``now`` (Redis time) with the exact one;
-    ``limit`` is the breaker's ``max_concurrent_calls`` (``None``: no bulkhead)."""
-    timed = snap["state"] in TIMED
+    ``limit`` is the breaker's ``max_concurrent_calls`` (``None``: no bulkhead); ``window`` the
+    maintenance window of a breaker forced open from here."""
+    state = snap["state"]
+    if state == "open":
+        until = _moment(snap["open_until"], now)
+    elif state == "half_open":  # its timeout has passed: probes go through now
+        until = _moment(None, now, "probing now")
+    elif state == "forced_open" and window is not None:
+        until = _moment(window.until, now, "" if window.until else "until closed")
+    elif state == "forced_open":
+        until = _moment(None, now, "until closed")
+    else:
+        until = _moment(None, now)
+    if state in ("open", "half_open"):
+        opened = _moment(snap["opened_at"], now)
+    elif state == "forced_open" and window is not None:
+        opened = _moment(window.at, now)
+    else:
+        opened = _moment(None, now)
     return {
         "name": name,
-        "state": snap["state"],
+        "state": state,
         "consecutive_failures": snap["consecutive_failures"],
         "window_calls": snap["window_calls"],
         "window_failures": snap["window_failures"],
         "opened_total": snap["opened_total"],
         "in_flight": "—" if limit is None else f"{snap['calls_in_flight']}/{limit}",
-        "open_until": relative(snap["open_until"], now) if timed else "—",
-        "open_until_exact": when(snap["open_until"]) if timed else "",
-        "open_until_iso": iso(snap["open_until"]) if timed else "",
+        "opened_at": opened,
+        "open_until": until,
+        "note": f"{window.note} ({window.by})" if window and window.note else "",
     }
+
+
+def levers_for(state: str) -> builtins.list[Lever]:
+    """The levers that change something: no "Force open" on a breaker forced open already."""
+    same = {"forced_open": "open", "forced_closed": "close"}.get(state)
+    return [lever for lever in LEVERS.values() if lever.action != same]
+
+
+def parked_counts(res: Resilience) -> dict[str, tuple[int, int]]:
+    """Breaker -> (parked, dead) entries, in one read of the store."""
+    counts: dict[str, tuple[int, int]] = {}
+    for (breaker, status), n in res.backout.store.tally().items():
+        parked, dead = counts.get(breaker, (0, 0))
+        counts[breaker] = (parked + n, dead) if status == "parked" else (parked, dead + n)
+    return counts
+
+
+def last_error(res: Resilience, name: str) -> str:
+    """The newest parked task's error of breaker ``name``, one that is not the breaker's own
+    refusal where one of the newest few has it (what the dependency last answered)."""
+    newest = res.backout.list(breaker=name, limit=20)
+    own = [entry for entry in newest if entry.exc_type and entry.reason != "breaker_open"]
+    chosen = own or [entry for entry in newest if entry.exc_type]
+    return error(chosen[0]) if chosen else ""
 
 
 class BreakerAdmin(RedactedMessages, admin.ModelAdmin):  # type: ignore[misc]  # Django is untyped here
@@ -143,29 +201,36 @@ class BreakerAdmin(RedactedMessages, admin.ModelAdmin):  # type: ignore[misc]  #
         if not self.has_view_or_change_permission(request):
             raise PermissionDenied
         can_steer = self.has_change_permission(request)
-        rows, error = [], None
+        rows, problem = [], None
         try:
             res = resilience()
-            now, in_database = res.now(), database_store_in_use()
+            now, in_database = res.runtime.now(), database_store_in_use()
+            counts, notes = parked_counts(res), windows(res.runtime)
             for name in breaker_names(res):
                 breaker = res.breaker(name)
-                line = row(name, breaker.snapshot(), now, breaker.config.max_concurrent_calls)
+                limit = breaker.config.max_concurrent_calls
+                line = row(name, breaker.snapshot(), now, limit, notes.get(name))
                 line["parked_url"] = self._parked_url(name, in_database)
+                line["parked"], line["dead"] = counts.get(name, (0, 0))
+                line["last_error"] = last_error(res, name) if sum(counts.get(name, ())) else ""
                 if can_steer:
                     line["levers"] = [
                         (lever.label, self._url("steer", name, lever.action))
-                        for lever in LEVERS.values()
+                        for lever in levers_for(line["state"])
                     ]
                 rows.append(line)
+            unbreakered = counts.get(NO_BREAKER, (0, 0))
         except Exception as exc:  # an unreachable Redis or a bad setting: say so on the page
-            error = redact(f"{type(exc).__name__}: {exc}")
+            problem = redact(f"{type(exc).__name__}: {exc}")
+            unbreakered = (0, 0)
         context = self._context(
             request,
             "Breakers",
             rows=rows,
+            unbreakered=sum(unbreakered),
             # Only where a breaker has a bulkhead: the page keeps to the screen's width.
             any_bulkhead=any(line["in_flight"] != "—" for line in rows),
-            error=error,
+            error=problem,
             can_steer=can_steer,
             **(extra_context or {}),
         )
@@ -182,7 +247,7 @@ class BreakerAdmin(RedactedMessages, admin.ModelAdmin):  # type: ignore[misc]  #
             return back
         try:
             res = resilience()
-            if name not in breaker_names(res):  # a typo must not make a new breaker
+            if not is_known(res.runtime, name):  # a typo must not make a new breaker
                 self.message_user(request, f"Unknown breaker {name!r}.", messages.ERROR)
                 return back
             before = str(res.breaker(name).snapshot()["state"])
@@ -196,24 +261,57 @@ class BreakerAdmin(RedactedMessages, admin.ModelAdmin):  # type: ignore[misc]  #
                         name=name,
                         lever=lever,
                         state=before,
+                        max_minutes=MAX_WINDOW_MINUTES,
                     ),
                 )
-            after = steer(res, name, action)
+            reason = audit.clean_reason(request.POST.get("reason"))
+            user = request.user.get_username()
+            until = None
+            if action == "open":  # a maintenance window: the note, and an end if given
+                minutes = _minutes(request.POST.get("minutes"))
+                until = None if minutes is None else res.runtime.now() + minutes * 60
+                start(res.runtime, name, until, reason, user)
+                after = str(res.breaker(name).snapshot()["state"])
+            else:
+                after = steer(res, name, action)
+                forget(res.runtime, name)
+        except ValueError as exc:  # a bad number of minutes: nothing was changed
+            self.message_user(request, str(exc), messages.ERROR)
+            return HttpResponseRedirect(request.get_full_path())
         except Exception as exc:  # Redis down: nothing was changed, or we can't tell
             self.message_user(
                 request, redact(f"Breaker {name!r}: {type(exc).__name__}: {exc}"), messages.ERROR
             )
             return back
-        user = request.user.get_username()
+        done = lever.done + (f" until {when(until)}" if until is not None else "")
         logger.warning(
-            "Breaker %r %s from the admin by %s (was %s, now %s)",
+            "Breaker %r %s from the admin by %s (was %s, now %s; reason: %s)",
             name,
-            lever.done,
+            done,
             user,
             before,
             after,
+            reason or "none given",
         )
+        audit.lever(request, self.model, name, f"{done.capitalize()} (was {before})", reason)
         self.message_user(
-            request, f"Breaker “{name}” {lever.done}: now {after} (was {before}).", messages.SUCCESS
+            request, f"Breaker “{name}” {done}: now {after} (was {before}).", messages.SUCCESS
         )
         return back
+
+
+def _minutes(text: str | None) -> int | None:
+    """The force-open form's "for N minutes" (empty: until closed by hand)."""
+    if not (text or "").strip():
+        return None
+    try:
+        minutes = int(str(text).strip())
+    except ValueError:
+        raise ValueError(
+            f"Minutes must be a whole number, got {text!r}: nothing changed."
+        ) from None
+    if not 1 <= minutes <= MAX_WINDOW_MINUTES:
+        raise ValueError(
+            f"Minutes must be between 1 and {MAX_WINDOW_MINUTES}, got {minutes}: nothing changed."
+        )
+    return minutes

@@ -5,7 +5,7 @@
 usually makes current).
 
 The web process loads the app's task modules once, as a worker does at start
-(``replay.load_task_modules``): otherwise a task found only by autodiscovery is not
+(``drain.preflight.load_task_modules``): otherwise a task found only by autodiscovery is not
 registered there, and the pages would show it as unknown.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...replay import load_task_modules
+from ...drain.preflight import load_task_modules
 from ...resilience import Resilience
 
 SETTING = "CELERY_RESILIENCE_APP"
@@ -56,6 +56,6 @@ def database_store_in_use() -> bool:
     from .store import DjangoBackoutStore
 
     try:
-        return isinstance(resilience().backout_store, DjangoBackoutStore)
+        return isinstance(resilience().runtime.backout_store, DjangoBackoutStore)
     except Exception:
         return False

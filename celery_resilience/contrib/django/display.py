@@ -9,8 +9,10 @@ from typing import Any
 
 from django.utils.text import Truncator
 
-from ...parked.entry import ParkedTask
-from ...parked.store import held
+from ...backout.entry import ParkedTask
+from ...backout.store import held
+from ...backout.summary import arguments, masked
+from ...backout.summary import summary as arguments_summary
 
 #: Admin POST fields of an action, as Django's own changelist uses them.
 ACTION_FIELD = "action"
@@ -18,6 +20,10 @@ SELECTED_FIELD = "_selected_action"
 REPLAY = "replay_now"
 DISCARD = "discard"
 ACTIONS = ((REPLAY, "Replay now"), (DISCARD, "Discard"))
+#: Characters of the arguments a list row shows (the whole, masked, is the cell's title).
+ARGS_WIDTH = 40
+#: Breaker states in which a drain replays nothing: their entries are held.
+HOLDING = {"open": "held: breaker open", "forced_open": "held: forced open"}
 #: Characters of an id a list shows.
 SHORT = 8
 #: Shown in place of what an encryption key this process does not have sealed.
@@ -66,14 +72,26 @@ def _utc(seconds: float) -> datetime:
     return datetime.fromtimestamp(seconds, tz=timezone.utc)
 
 
-def due(status: str, reason: str, due_at: float, now: float) -> str:
+def due(status: str, reason: str, due_at: float, now: float, breaker_state: str = "") -> str:
     """When a drain may replay an entry: "now", "in 5 minutes", "on demand" (never by
-    itself), or a dash for a dead one (it waits for a person)."""
+    itself), "held: breaker open" while its breaker admits no call (the drain skips it), or a
+    dash for a dead one (it waits for a person)."""
     if status == "dead":
         return "—"
     if held(reason):
         return "on demand"
+    if breaker_state in HOLDING:
+        return HOLDING[breaker_state]
     return "now" if due_at <= now else relative(due_at, now)
+
+
+def error(entry: ParkedTask) -> str:
+    """The exception on one line: its class's own name and its message."""
+    if not entry.exc_type:
+        return ""
+    name = entry.exc_type.rpartition(".")[2]
+    message = ENCRYPTED if entry.encrypted else " ".join((entry.exc_message or "").split())
+    return f"{name}: {message}" if message else name
 
 
 def pretty(value: Any) -> str:
@@ -81,10 +99,16 @@ def pretty(value: Any) -> str:
     return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True, default=repr)
 
 
-def summary(entry: ParkedTask, now: float) -> dict[str, Any]:
-    """One row of a list: short ids and times relative to ``now``, each with its whole text
-    (for the cell's hover title; the exception is the reason's), so a row stays one line on a
-    laptop screen."""
+def summary(
+    entry: ParkedTask,
+    now: float,
+    sensitive: tuple[str, ...] = (),
+    breaker_states: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """One row of a list: short ids, masked arguments and times relative to ``now``, each with
+    its whole text for the cell's hover title, so a row stays one line on a laptop screen.
+    ``breaker_states`` (breaker name -> state, read once a page) says which entries are held."""
+    state = (breaker_states or {}).get(entry.breaker or "", "")
     return {
         "id": entry.id,
         "id_short": short(entry.id),
@@ -99,7 +123,11 @@ def summary(entry: ParkedTask, now: float) -> dict[str, Any]:
         "parked_iso": iso(entry.parked_at),
         "parked_ago": relative(entry.parked_at, now),
         "due_at": when(entry.due_at),
-        "due": due(entry.status, entry.reason, entry.due_at, now),
+        "due": due(entry.status, entry.reason, entry.due_at, now, state),
+        "held": state in HOLDING and entry.status == "parked",
+        "args": arguments_summary(entry, sensitive, ARGS_WIDTH),
+        "args_whole": arguments(entry, sensitive),
+        "error": error(entry),
         "exc_type": entry.exc_type,
         "exc_message": ENCRYPTED
         if entry.encrypted
@@ -107,8 +135,12 @@ def summary(entry: ParkedTask, now: float) -> dict[str, Any]:
     }
 
 
-def details(entry: ParkedTask, *extra: tuple[str, str]) -> list[tuple[str, str, bool]]:
-    """``(label, text, preformatted)`` rows of the detail page; ``extra`` rows go before args."""
+def details(
+    entry: ParkedTask, *extra: tuple[str, str], sensitive: tuple[str, ...] = ()
+) -> list[tuple[str, str, bool]]:
+    """``(label, text, preformatted)`` rows of the detail page; ``extra`` rows go before args.
+    Arguments are masked (``sensitive`` keys) and Celery's ``argsrepr``/``kwargsrepr`` stand in
+    for the arguments they describe, as in Flower and Celery's logs."""
     rows = [
         ("Entry id", entry.id),
         ("Task", entry.task_name),
@@ -122,6 +154,7 @@ def details(entry: ParkedTask, *extra: tuple[str, str]) -> list[tuple[str, str, 
         ("Retries", str(entry.retries)),
         ("Replays", str(entry.replays)),
         *extra,
+        ("Arguments", arguments(entry, sensitive)),
     ]
     if entry.encrypted:  # read without the encryption key: say so, show nothing sealed
         blocks = [(label, ENCRYPTED) for label in SEALED_LABELS]
@@ -129,10 +162,14 @@ def details(entry: ParkedTask, *extra: tuple[str, str]) -> list[tuple[str, str, 
         return [(label, text, False) for label, text in rows] + [
             (label, text, True) for label, text in blocks
         ]
+    argsrepr, kwargsrepr = entry.options.get("argsrepr"), entry.options.get("kwargsrepr")
     blocks = [
-        ("Args", pretty(entry.args)),
-        ("Kwargs", pretty(entry.kwargs)),
-        ("Options", pretty(entry.options)),
+        ("Args", argsrepr if isinstance(argsrepr, str) else pretty(masked(entry.args, sensitive))),
+        (
+            "Kwargs",
+            kwargsrepr if isinstance(kwargsrepr, str) else pretty(masked(entry.kwargs, sensitive)),
+        ),
+        ("Options", pretty(masked(entry.options, sensitive))),
         ("Exception", f"{entry.exc_type}: {entry.exc_message}" if entry.exc_type else "—"),
         ("Traceback", entry.traceback or "—"),
     ]

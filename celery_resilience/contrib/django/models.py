@@ -1,7 +1,7 @@
 """Tables of the database back-out store (``store.py``), and the admin's configured-store page.
 
 Times are float epoch seconds, as in the other stores: they round-trip exactly and the claim
-query compares them as numbers. ``payload`` holds the bytes of ``backout.entry.encode``, so an
+query compares them as numbers. ``payload`` holds the bytes of ``backout.codec.Codec.encode``, so an
 entry whose bytes can't be decoded behaves exactly as in the Redis and memory stores; the other
 columns are what filters, claims and the admin need without decoding it.
 """
@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from django.db import models
 
-from ...parked.entry import REASONS, STATUSES
+from ...backout.entry import REASONS, STATUSES
 
 
 class ParkedTaskRecord(models.Model):  # type: ignore[misc]  # Django is untyped here
     """One parked task. ``breaker`` is ``"-"`` for entries without one (the store convention)."""
 
     id = models.CharField("entry id", max_length=32, primary_key=True)
-    task_name = models.CharField(max_length=255)
+    task_name = models.CharField(max_length=255, db_index=True)  # the admin's task filter
     task_id = models.CharField(max_length=255, db_index=True)
     breaker = models.CharField(max_length=200, db_index=True)
     reason = models.CharField(max_length=32, choices=[(r, r.replace("_", " ")) for r in REASONS])
@@ -33,6 +33,14 @@ class ParkedTaskRecord(models.Model):  # type: ignore[misc]  # Django is untyped
     class Meta:
         verbose_name = "parked task record"
         verbose_name_plural = "parked task records (database store)"
+        # The admin's filters, newest first: at a million rows a rare status or reason would
+        # otherwise walk the parked_at index until a page of them turned up.
+        indexes = (
+            models.Index(fields=["status", "-parked_at"], name="resilience_status_parked"),
+            models.Index(fields=["reason", "-parked_at"], name="resilience_reason_parked"),
+        )
+        #: Replay sends tasks to the workers again, discard (delete) removes them: two rights.
+        permissions = (("replay_parkedtaskrecord", "Can replay parked task records"),)
 
     def __str__(self) -> str:
         return f"{self.task_name}[{self.task_id}] ({self.id})"
@@ -64,6 +72,8 @@ class StoreEntry(models.Model):  # type: ignore[misc]
         managed = False
         verbose_name = "parked task"
         verbose_name_plural = "parked tasks (configured store)"
+        #: "Replay" needs this, "Discard" the delete permission: sending again is not removing.
+        permissions = (("replay_storeentry", "Can replay parked tasks"),)
 
 
 class Breaker(models.Model):  # type: ignore[misc]
@@ -79,3 +89,15 @@ class Breaker(models.Model):  # type: ignore[misc]
         managed = False
         verbose_name = "breaker"
         verbose_name_plural = "breakers"
+
+
+class Overview(models.Model):  # type: ignore[misc]
+    """No table: gives the admin's overview page (``admin_overview.py``) a place and its view
+    permission."""
+
+    id = models.CharField(max_length=1, primary_key=True)
+
+    class Meta:
+        managed = False
+        verbose_name = "overview"
+        verbose_name_plural = "overview"

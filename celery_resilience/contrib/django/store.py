@@ -3,15 +3,14 @@
 Same contract as the Redis store (``tests/test_backout_store.py`` runs on SQLite and
 PostgreSQL). How the Redis store's atomic scripts map onto the ORM:
 
-- ``park`` counts and inserts under a lock row (a ``ResilienceStat`` named ``lock|park``,
-  taken by *writing* it: a row lock on PostgreSQL and MySQL, SQLite's write lock at once, so a
-  deferred SQLite transaction never has to upgrade a read lock). ``max_entries`` holds under
-  concurrency; parks are serialized, as they are in Redis.
+- ``park`` inserts with no lock held beyond its own row: the insert is idempotent on the
+  primary key (a duplicate is the entry parked already), the full-store check is approximate
+  near the limit (``room.py`` says by how much), and its counter is one of ``STAT_SHARDS`` rows
+  picked at random (``stat_rows.py``), so concurrent parks never queue behind one hot row (they
+  used to take one lock row and count the table: exact, and one at a time across the fleet).
 - ``claim`` selects due rows ``FOR UPDATE SKIP LOCKED`` where the database has it: two drainers
   never claim the same row. Elsewhere (SQLite) claims take the ``lock|claim`` row first.
 - Everything else is one UPDATE or DELETE statement.
-
-The drain's side (claim, ack, release) is in ``claims.py``.
 
 Time: the database's clock can't be read portably through the ORM, so leases, due times and
 ``dead_ttl`` use this process's ``time.time()``; keep the clocks of hosts that drain in sync.
@@ -21,35 +20,53 @@ from __future__ import annotations
 
 import builtins
 import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, cast
 
-from django.db import IntegrityError, transaction
-from django.db.models import F
+from django.db import IntegrityError, InterfaceError, OperationalError, connections, transaction
 
-from ...errors import ConfigurationError
-from ...parked.codec import Codec
-from ...parked.entry import UNDECODABLE_TASK, ParkedTask, Reason, Status
-from ...parked.store import (
+from ...backout.codec import Codec
+from ...backout.entry import ParkedTask, Reason, Status
+from ...backout.store import (
     ANY,
+    HELD_REASONS,
+    FamilyOf,
     Filter,
     Meta,
-    StoreFull,
-    breaker_key,
     check_dead_reason,
     check_page,
+    counter_scope,
+    no_family,
     read_entry,
 )
-from .claims import COLUMNS, DjangoClaims, reachable
+from ...errors import ConfigurationError, StoreFull, StoreUnavailable
+from .estimates import distinct_values
+from .room import Room
+from .stat_rows import StatRows
 
 if TYPE_CHECKING:
     from ...runtime import Runtime
 
 APP = "celery_resilience.contrib.django"
-#: Stat rows with this prefix are locks, not counters: ``stats()`` leaves them out.
-LOCK_PREFIX = "lock|"
+#: Rows per statement of a purge: each batch is short, and reported to the progress bar.
+PURGE_BATCH = 2000
+#: The columns an entry is read from (``DjangoBackoutStore._read``), in this order.
+COLUMNS = ("id", "payload", "breaker", "status", "reason", "dead_reason", "parked_at")
+#: Ids per statement in ``ack``/``release`` (well under every backend's parameter limit).
+_CHUNK = 500
 
 
-class DjangoBackoutStore(DjangoClaims):
+@contextmanager
+def reachable() -> Iterator[None]:
+    """Connection trouble becomes ``StoreUnavailable``: parking then keeps the message."""
+    try:
+        yield
+    except (OperationalError, InterfaceError) as exc:
+        raise StoreUnavailable(f"back-out store unreachable: {exc}") from exc
+
+
+class DjangoBackoutStore:
     """Parked tasks in the ``ParkedTaskRecord`` table of database ``using``."""
 
     def __init__(
@@ -73,9 +90,13 @@ class DjangoBackoutStore(DjangoClaims):
         self.serializer = self.codec.serializer
         self.max_entries = max_entries
         self.dead_ttl = dead_ttl
+        #: Breakers named at call time count under their base (``counter_scope``).
+        self.family_of: FamilyOf = no_family
         self.using = using
         self._model = ParkedTaskRecord
-        self._stat = ResilienceStat
+        #: Counters and lock rows (``stat_rows.py``).
+        self._stats = StatRows(ResilienceStat, using)
+        self._room = Room(ParkedTaskRecord, using, max_entries)
 
     def _rows(self) -> Any:
         return self._model.objects.using(self.using)
@@ -89,62 +110,69 @@ class DjangoBackoutStore(DjangoClaims):
     def park(self, entry: ParkedTask) -> None:
         data = self.codec.encode(entry)
         meta = Meta.of(entry)
-        with reachable(), transaction.atomic(using=self.using):
-            self._lock("park")
-            rows = self._rows()
-            if rows.filter(pk=entry.id).exists():
-                return
-            if rows.count() >= self.max_entries:
+        with reachable():
+            counted = self._room.take()
+            if counted is None:
+                if self._rows().filter(pk=entry.id).exists():
+                    return  # parked already: a no-op, full or not
                 raise StoreFull(self.max_entries, entry.id)
-            rows.create(
-                id=entry.id,
-                task_name=entry.task_name,
-                task_id=entry.task_id,
-                breaker=meta.breaker,
-                reason=meta.reason,
-                status=meta.status,
-                dead_reason=meta.dead_reason or "",
-                parked_at=entry.parked_at,
-                due_at=entry.due_at,
-                died_at=time.time() if meta.status == "dead" else None,
-                payload=data,
-            )
-            self._add(f"parked|{meta.breaker}|{meta.reason}", 1)
+            try:
+                with transaction.atomic(using=self.using):
+                    self._insert(entry, meta, data)
+                    scope = counter_scope(meta.breaker, self.family_of)
+                    self._stats.add_spread(f"parked|{scope}|{meta.reason}", 1)
+            except BaseException as exc:
+                if counted:
+                    self._room.give_back()
+                if isinstance(exc, IntegrityError) and self._rows().filter(pk=entry.id).exists():
+                    return  # the same id parked already (a redelivered message)
+                raise
 
-    def _lock(self, name: str) -> None:
-        """Hold the lock row ``name`` until the transaction ends (see the module docstring)."""
-        self._add(LOCK_PREFIX + name, 1)
-
-    def _add(self, name: str, amount: float) -> None:
-        """Add to a counter row (UPDATE first: that write is also what locks the row)."""
-        stats = self._stat.objects.using(self.using)
-        if stats.filter(name=name).update(value=F("value") + amount):
-            return
-        try:
-            with transaction.atomic(using=self.using):
-                stats.create(name=name, value=amount)
-        except IntegrityError:  # made meanwhile by another process: add to that one
-            stats.filter(name=name).update(value=F("value") + amount)
+    def _insert(self, entry: ParkedTask, meta: Meta, data: bytes) -> None:
+        self._rows().create(
+            id=entry.id,
+            task_name=entry.task_name,
+            task_id=entry.task_id,
+            breaker=meta.breaker,
+            reason=meta.reason,
+            status=meta.status,
+            dead_reason=meta.dead_reason or "",
+            parked_at=entry.parked_at,
+            due_at=entry.due_at,
+            died_at=time.time() if meta.status == "dead" else None,
+            payload=data,
+        )
 
     def stats(self) -> dict[str, float]:
         with reachable():
-            rows = self._stat.objects.using(self.using).values_list("name", "value")
-            return {n: float(v) for n, v in rows if not n.startswith(LOCK_PREFIX)}
+            return self._stats.totals()
 
     def bump(self, counters: dict[str, float]) -> None:
         if not counters:
             return
         with reachable(), transaction.atomic(using=self.using):
             for name, amount in counters.items():
-                self._add(name, amount)
+                self._stats.add(name, amount)
 
     def delete(self, entry_id: str) -> bool:
+        self._room.forget()
         with reachable():
             return bool(self._rows().filter(pk=entry_id).delete()[0])
 
-    def purge(self, where: Filter = ANY) -> int:
+    def purge(self, where: Filter = ANY, progress: Callable[[int], None] | None = None) -> int:
+        """In batches of ``PURGE_BATCH`` rows, each its own statement: no DELETE of millions
+        of rows holds its locks for minutes, and an interrupted purge leaves whole rows."""
+        self._room.forget()
+        removed = 0
         with reachable():
-            return int(self._filtered(where).delete()[0])
+            while True:
+                batch = list(self._filtered(where).values_list("pk", flat=True)[:PURGE_BATCH])
+                if not batch:
+                    return removed
+                done = int(self._rows().filter(pk__in=batch).delete()[0])
+                removed += done
+                if progress is not None:
+                    progress(done)
 
     def mark_dead(self, entry_id: str, dead_reason: str) -> bool:
         check_dead_reason(dead_reason)
@@ -162,10 +190,65 @@ class DjangoBackoutStore(DjangoClaims):
         if self.dead_ttl is None:
             return 0
         cutoff = time.time() - self.dead_ttl
+        self._room.forget()
         with reachable():
             return int(self._rows().filter(status="dead", died_at__lte=cutoff).delete()[0])
 
     # -- reads ----------------------------------------------------------------------------
+
+    # -- the drain's side: claim under a lease, ack after publish ------------------------
+    # A claimed row stays with ``due_at`` and ``lease_until`` at the lease's end: a drainer that
+    # dies before it acks leaves it due again then.
+
+    def claim(
+        self, breaker: str, limit: int, lease: float, now: float | None = None
+    ) -> builtins.list[ParkedTask]:
+        """Lease up to ``limit`` due entries of ``breaker`` (internal name) to the caller."""
+        if limit <= 0:
+            return []
+        now = time.time() if now is None else now
+        features = connections[self.using].features
+        with reachable(), transaction.atomic(using=self.using):
+            if not features.has_select_for_update_skip_locked:
+                self._stats.lock("claim")
+            due = self._due(breaker, now).order_by("due_at", "id")
+            if features.has_select_for_update:
+                skip = features.has_select_for_update_skip_locked
+                due = due.select_for_update(skip_locked=skip)
+            rows = list(due.values_list(*COLUMNS)[:limit])
+            for chunk in _chunks([row[0] for row in rows]):
+                self._rows().filter(pk__in=chunk).update(
+                    due_at=now + lease, lease_until=now + lease
+                )
+        return [self._read(row) for row in rows]
+
+    def ack(self, breaker: str, entry_ids: Sequence[str]) -> int:
+        """Remove entries that were published (the end of a claim)."""
+        self._room.forget()
+        with reachable():
+            return sum(self._rows().filter(pk__in=c).delete()[0] for c in _chunks(entry_ids))
+
+    def release(self, breaker: str, entry_ids: Sequence[str], due_at: float) -> int:
+        """Give claimed entries back, due again at ``due_at``; ``breaker`` is not needed here."""
+        with reachable():
+            return sum(
+                self._rows()
+                .filter(pk__in=chunk, lease_until__isnull=False)
+                .update(due_at=due_at, lease_until=None)
+                for chunk in _chunks(entry_ids)
+            )
+
+    def in_flight(self) -> int:
+        with reachable():
+            return int(self._rows().filter(lease_until__gt=time.time()).count())
+
+    def due(self, breaker: str, now: float | None = None) -> int:
+        with reachable():
+            return int(self._due(breaker, time.time() if now is None else now).count())
+
+    def _due(self, breaker: str, now: float) -> Any:
+        due = self._rows().filter(breaker=breaker, status="parked", due_at__lte=now)
+        return due.exclude(reason__in=HELD_REASONS)
 
     def get(self, entry_id: str) -> ParkedTask | None:
         with reachable():
@@ -176,8 +259,38 @@ class DjangoBackoutStore(DjangoClaims):
         with reachable():
             return int(self._filtered(where).count())
 
-    def breakers(self) -> set[str]:
+    def tally(self) -> dict[tuple[str, str], int]:
+        from django.db.models import Count
+
+        with reachable():  # one GROUP BY: breakers with entries are few next to the rows
+            rows = self._rows().values_list("breaker", "status").annotate(n=Count("pk"))
+            return {(str(b), str(st)): int(n) for b, st, n in rows.order_by()}
+
+    def with_prefix(self, prefix: str, limit: int = 20) -> builtins.list[ParkedTask]:
+        if not prefix:
+            return []
+        return self._newest(self._rows().filter(pk__startswith=prefix), limit)
+
+    def with_task_id(self, task_id: str, limit: int = 20) -> builtins.list[ParkedTask]:
+        return self._newest(self._rows().filter(task_id=task_id), limit)
+
+    def _newest(self, rows: Any, limit: int) -> builtins.list[ParkedTask]:
         with reachable():
+            found = rows.order_by("-parked_at", "-id").values_list(*COLUMNS)[:limit]
+            return [self._read(row) for row in found]
+
+    def oldest_parked(self) -> float | None:
+        from django.db.models import Min
+
+        with reachable():
+            oldest = self._filtered(Filter(status="parked")).aggregate(oldest=Min("parked_at"))
+        return None if oldest["oldest"] is None else float(oldest["oldest"])
+
+    def breakers(self) -> set[str]:
+        with reachable():  # every drain pass asks: one index probe a name, not a scan
+            names = distinct_values(self._model, self.using, "breaker")
+            if names is not None:
+                return set(names)
             return set(self._rows().order_by().values_list("breaker", flat=True).distinct())
 
     def list(
@@ -212,33 +325,6 @@ class DjangoBackoutStore(DjangoClaims):
         meta = Meta(breaker, cast(Status, status), cast(Reason, reason), dead_reason or None)
         return read_entry(entry_id, bytes(payload), meta, parked_at, self.codec)
 
-    # -- tests only -----------------------------------------------------------------------
-
-    def _put_raw(
-        self,
-        entry_id: str,
-        data: bytes,
-        *,
-        breaker: str | None = None,
-        reason: str = "park_on",
-        parked_at: float | None = None,
-    ) -> None:
-        """Store raw payload bytes (replacing an entry's, or as a new parked entry): tests only."""
-        if self._rows().filter(pk=entry_id).update(payload=data):
-            return
-        when = time.time() if parked_at is None else parked_at
-        self._rows().create(
-            id=entry_id,
-            task_name=UNDECODABLE_TASK,  # the columns are only for filters: unknown here
-            task_id="",
-            breaker=breaker_key(breaker),
-            reason=reason,
-            status="parked",
-            parked_at=when,
-            due_at=when,
-            payload=data,
-        )
-
 
 def make_store(runtime: Runtime) -> DjangoBackoutStore:
     """The store of ``resilience_backout_store = "django"``, on the ``default`` database."""
@@ -248,3 +334,9 @@ def make_store(runtime: Runtime) -> DjangoBackoutStore:
         max_entries=config.backout_max_entries,
         dead_ttl=config.dead_ttl,
     )
+
+
+def _chunks(ids: Sequence[str]) -> Iterator[builtins.list[str]]:
+    """``ids`` in lists small enough for one statement on every backend."""
+    for start in range(0, len(ids), _CHUNK):
+        yield list(ids[start : start + _CHUNK])

@@ -1,0 +1,60 @@
+"""A dead entry's task failed in Celery, so that nothing waits for it: its result, its
+``link_error`` callbacks, the chord or chain it belongs to."""
+
+from __future__ import annotations
+
+from celery.app.task import Context
+
+from ..backout.entry import ParkedTask
+from ..errors import ParkedTaskDead
+from ..redact import get_logger
+from ..runtime import Runtime
+
+logger = get_logger("celery_resilience.drain")
+
+
+def fail_task(runtime: Runtime, entry: ParkedTask, dead_reason: str) -> None:
+    """Fail the task of an entry that just died, as a worker fails a task: its result becomes
+    ``FAILURE`` (:class:`ParkedTaskDead`), its ``link_error`` callbacks are called, a chord it
+    belongs to counts it (and so fails instead of waiting for it forever), a chain it heads is
+    marked failed. Celery's own ``backend.mark_as_failure``, with the request its message had.
+
+    Called once the entry is marked dead; trouble here is logged, never raised: the entry stays
+    dead in the store either way, for a person to see.
+    """
+    if entry.status != "parked" or not entry.task_id:  # already dead, or never readable
+        return
+    app, options = runtime.app, entry.options
+    task = app.tasks.get(entry.task_name)
+    detail = f": last error {entry.exc_type}: {entry.exc_message}" if entry.exc_type else ""
+    exc = ParkedTaskDead(
+        f"{entry.task_name}[{entry.task_id}] is dead in the back-out store ({dead_reason}){detail}"
+    )
+    request = Context(
+        id=entry.task_id,
+        task=entry.task_name,
+        args=entry.args,
+        kwargs=entry.kwargs,
+        root_id=options.get("root_id"),
+        parent_id=options.get("parent_id"),
+        group=options.get("group_id"),
+        group_index=options.get("group_index"),
+        chord=options.get("chord"),
+        chain=options.get("chain"),
+        callbacks=options.get("link"),
+        errbacks=options.get("link_error"),
+        delivery_info={},
+    )
+    ignore_result = options.get("ignore_result", task is not None and task.ignore_result)
+    try:
+        backend = app.backend if task is None else task.backend
+        backend.mark_as_failure(
+            entry.task_id,
+            exc,
+            traceback=entry.traceback or None,
+            request=request,
+            store_result=not ignore_result or bool(task and task.store_errors_even_if_ignored),
+            call_errbacks=True,
+        )
+    except Exception:
+        logger.exception("Could not fail %s[%s] in Celery", entry.task_name, entry.task_id)

@@ -1,0 +1,26 @@
+"""Counting the commands one breaker's process sends to Redis.
+
+The shared server also serves other clients (other tests' workers, a CI run beside this one), so
+its own command counts say nothing of one process: count at the breaker's client instead.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery_resilience.breaker import Breaker
+
+
+class RoundTrips:
+    """Counts the commands ``breaker``'s client sends from now on (scripts included)."""
+
+    def __init__(self, breaker: Breaker) -> None:
+        client = breaker._store().client  # type: ignore[attr-defined]
+        self.count = 0
+        send = client.execute_command
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.count += 1
+            return send(*args, **kwargs)
+
+        client.execute_command = counted
