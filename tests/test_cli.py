@@ -671,9 +671,15 @@ def test_status_watch_refreshes_until_ctrl_c(cli: Cli) -> None:
         text=True,
     )
     lines: list[str] = []
-    assert process.stdout is not None
-    reader = threading.Thread(target=lambda: lines.extend(process.stdout or ()), daemon=True)
-    reader.start()
+    errors: list[str] = []
+    # Each pipe is read by a thread of its own as the command writes: a pipe nobody reads fills
+    # and stops the command, and ``communicate`` would race the reader for stdout.
+    readers = [
+        threading.Thread(target=lambda: lines.extend(process.stdout or ()), daemon=True),
+        threading.Thread(target=lambda: errors.extend(process.stderr or ()), daemon=True),
+    ]
+    for reader in readers:
+        reader.start()
 
     def tables() -> int:
         return sum(1 for line in list(lines) if line.split()[:2] == ["breaker", "state"])
@@ -690,8 +696,15 @@ def test_status_watch_refreshes_until_ctrl_c(cli: Cli) -> None:
             time.sleep(0.05)
     finally:
         process.send_signal(signal.SIGINT)
-        _, stderr = process.communicate(timeout=CLI_TIMEOUT)
-        reader.join(timeout=5)
+        try:
+            process.wait(timeout=CLI_TIMEOUT)
+        finally:
+            if process.poll() is None:  # the assertion below says so, and no process is left
+                process.kill()
+                process.wait()
+            for reader in readers:
+                reader.join(timeout=5)
+    stderr = "".join(errors)
     assert process.returncode == 0, stderr
     assert "Traceback" not in stderr
     assert tables() >= 3

@@ -35,7 +35,7 @@ from .support.worker_process import wait_until
 
 pytestmark = pytest.mark.integration
 
-TASK = "t.charge"
+TASK = "t.batch_charge"
 
 
 def charge(order: int) -> int:
