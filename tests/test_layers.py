@@ -8,7 +8,6 @@ package too (the package root aside: it is the top surface and imports everythin
 from __future__ import annotations
 
 import ast
-import concurrent.futures
 import fnmatch
 import re
 import warnings
@@ -83,12 +82,19 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
 ]
 
 
-def parse(path: Path) -> ast.Module:
-    """``ast.parse`` in a thread of its own: CPython 3.11's AST validator can raise a spurious
-    ``SystemError: AST constructor recursion depth mismatch`` deep in a long pytest run's
-    stack; a new thread starts from a clean recursion count."""
-    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(ast.parse, path.read_text(), str(path)).result()
+def parse(path: Path, attempts: int = 3) -> ast.Module:
+    """``ast.parse``, tried again on CPython's spurious ``SystemError: AST constructor recursion
+    depth mismatch`` (python/cpython#106905: a count kept across calls goes wrong in a long,
+    threaded process; fixed in later releases than some this suite runs on). Each call starts
+    the count afresh, so the same text parses on the next try."""
+    source = path.read_text()
+    for _ in range(attempts - 1):
+        try:
+            return ast.parse(source, str(path))
+        except SystemError as exc:
+            if "recursion depth mismatch" not in str(exc):
+                raise
+    return ast.parse(source, str(path))
 
 
 def module_name(path: Path) -> str:
