@@ -71,6 +71,12 @@ def drain_in_child(broker_url: str, prefix: str, queue: str) -> None:
     Drainer(resilience.runtime, lease=LEASE).run()
 
 
+def transport_batches(resilience: Resilience) -> bool:
+    """Whether the drain publishes a batch in one go (kombu 5.7 and later), not one by one."""
+    with resilience.runtime.app.producer_or_acquire() as producer:
+        return bool(getattr(producer, "supports_batch_publish", False))
+
+
 def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -166,7 +172,10 @@ def test_drainer_killed_mid_batch_loses_nothing(
             child.wait()
     assert child.returncode == -signal.SIGKILL
     at_kill = sent_count(redis_client, queue)
-    assert at_kill == BATCH  # the second batch was never sent: nothing of it is in the queue
+    if transport_batches(resilience):
+        assert at_kill == BATCH  # the second batch was never sent: nothing of it is in the queue
+    else:  # kombu < 5.7 publishes one by one: part of the second batch went out
+        assert BATCH < at_kill < 2 * BATCH
 
     # ... the dead drainer's batch stays claimed, and its lock held, until they expire.
     assert store.in_flight() == BATCH
@@ -178,7 +187,9 @@ def test_drainer_killed_mid_batch_loses_nothing(
     assert sum(r.replayed for r in reports) == 200 - BATCH
     ledger = sent_ids(redis_client, queue)
     assert set(ledger) == {e.task_id for e in entries}
-    assert len(ledger) == len(set(ledger))  # a batch goes out whole or not at all: no duplicate
+    # A batch goes out whole or not at all: no duplicate. One by one, what went out of the dead
+    # drainer's batch goes out again when its lease ends (at-least-once: under one batch).
+    assert len(ledger) - len(set(ledger)) == at_kill - BATCH
     assert store.count() == 0
     assert store.in_flight() == 0
 

@@ -108,11 +108,17 @@ class World:
         raw = cast(dict[bytes, bytes], self.ledger.hgetall(f"{self.prefix}:ledger:runs"))
         return {k.decode(): int(v) for k, v in raw.items()}
 
+    def meta_key(self, task_id: str) -> bytes:
+        """The task's key in the result backend, as the backend spells it: Celery before 5.5
+        joins ``global_keyprefix`` to ``celery-task-meta-`` with an underscore, later ones do
+        not."""
+        return bytes(self.app.backend.get_key_for_task(task_id))
+
     def acked_parks(self, task_ids: list[str]) -> dict[str, str]:
         """Task id -> entry id of each task whose park was acknowledged: the worker writes
         state ``PARKED`` (with the entry's id) to the result backend only once the store took
         the entry, just before the message is acked."""
-        keys = [f"{self.prefix}:celery-task-meta-{t}" for t in task_ids]
+        keys = [self.meta_key(t) for t in task_ids]
         acked = {}
         for task_id, raw in zip(task_ids, self.ledger.mget(keys) if keys else [], strict=True):
             meta = json.loads(raw) if raw else {}
@@ -130,7 +136,7 @@ class World:
         runs, log = self.runs(), self.worker.log() if self.worker is not None else ""
         found: dict[str, dict[str, Any]] = {}
         for task_id in task_ids:
-            meta = self.ledger.get(f"{self.prefix}:celery-task-meta-{task_id}")
+            meta = self.ledger.get(self.meta_key(task_id))
             found[task_id] = {
                 "queued": [_headers(m) for m in queued if task_id.encode() in m],
                 "unacked": [_headers(json.loads(m)[0]) for m in unacked if task_id.encode() in m],
