@@ -248,6 +248,11 @@ def column(browser: Any, name: str, attribute: str | None = None) -> list[str]:
     return [cell.find_element(By.XPATH, "./*").get_attribute(attribute) for cell in cells]
 
 
+def title(browser: Any) -> str:
+    """The page's title: the content's ``h1`` (Django 4.2's site header is an ``h1`` too)."""
+    return str(browser.find_element(By.CSS_SELECTOR, "#content h1").text)
+
+
 def assert_fits(browser: Any) -> None:
     """Every column of the result list inside the viewport, every row on one line."""
     assert browser.execute_script("return [innerWidth, innerHeight]") == [1280, 800]
@@ -268,7 +273,7 @@ def reset_from_the_breakers_page(browser: Any, store: Resilience, steps: Steps) 
 
     row.find_element(By.LINK_TEXT, "Reset").click()
     wait.until(lambda d: d.find_elements(By.ID, "confirm-steer"))
-    assert browser.find_element(By.TAG_NAME, "h1").text == f"Reset breaker “{BREAKER}”?"
+    assert title(browser) == f"Reset breaker “{BREAKER}”?"
     assert "forced_open" in browser.find_element(By.ID, "breaker-now").text
     assert store.breaker(BREAKER).state == "forced_open"  # asking changed nothing
     steps.shot("reset-confirm")
@@ -290,7 +295,7 @@ def replay_all(browser: Any, steps: Steps, task_ids: list[str]) -> None:
     wait = WebDriverWait(browser, 15)
     browser.find_element(By.LINK_TEXT, STORE_TITLE).click()
     wait.until(lambda d: d.find_elements(By.ID, "result_list"))
-    assert STORE_TITLE in browser.find_element(By.TAG_NAME, "h1").text
+    assert STORE_TITLE in title(browser)
     # Ids cut to 8 characters, whole on hover; "N seconds ago", the exact time on hover.
     assert sorted(column(browser, "task_id", "title")) == sorted(task_ids)
     assert sorted(column(browser, "task_id")) == sorted(f"{t[:8]}…" for t in task_ids)
@@ -319,7 +324,7 @@ def replay_all(browser: Any, steps: Steps, task_ids: list[str]) -> None:
 
     # The confirmation page: nothing is sent until "Yes"; the reason goes to the trace.
     wait.until(lambda d: d.find_elements(By.ID, "confirm-action"))
-    assert browser.find_element(By.TAG_NAME, "h1").text == "Replay 3 parked tasks?"
+    assert title(browser) == "Replay 3 parked tasks?"
     assert "sent to the workers now" in browser.find_element(By.ID, "confirm-effect").text
     listed = browser.find_elements(By.CSS_SELECTOR, "#confirm-entries td.field-task_id span")
     assert sorted(cell.get_attribute("title") for cell in listed) == sorted(task_ids)
@@ -561,7 +566,7 @@ def discard_all_matching(browser: Any, shop: Shop, store: Resilience, steps: Ste
     browser.find_element(By.ID, "action-go").click()
 
     wait.until(lambda d: d.find_elements(By.ID, "confirm-action"))
-    assert browser.find_element(By.TAG_NAME, "h1").text == f"Discard {BULK} parked tasks?"
+    assert title(browser) == f"Discard {BULK} parked tasks?"
     effect = browser.find_element(By.ID, "confirm-effect").text
     assert effect.startswith(f"These {BULK} tasks will never run")
     assert "every entry the list's filter" in browser.find_element(By.ID, "confirm-scope").text
