@@ -133,9 +133,16 @@ def test_a_key_needs_a_declared_base_and_a_usable_key(make_resilience: MakeResil
             resilience.breaker("hook", key=bad)
 
 
-def test_closed_members_are_admitted_without_a_round_trip(make_resilience: MakeResilience) -> None:
+def test_closed_members_are_admitted_without_a_round_trip(
+    make_resilience: MakeResilience, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Once the family is known, calls spread over 1,000 hosts (each called about once) cost
     next to nothing: the family's refresh, at most one a second, carries their successes."""
+    # A family is refreshed once it is 1 s old and trusted until 2 s: a process stalled for a
+    # second on a loaded host (the suite runs four at once) lets it lapse, and then a call asks
+    # Redis and records its success there, as designed. The bound is doubled here so that the
+    # count is of the calls alone; the bound itself is tested with the change feed.
+    monkeypatch.setattr("celery_resilience.breaker.knowledge.MAX_KNOWLEDGE_AGE", 4.0)
     resilience = make_resilience()
     fail(resilience.breaker("hook", key="down"), 2)
     know_family(resilience)
