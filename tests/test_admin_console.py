@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import re
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -231,9 +232,19 @@ def test_the_list_shows_masked_arguments_the_error_and_the_dead_reason(
 def test_search_finds_an_order_by_its_number_not_ids_holding_it(
     resilience: Resilience, admin_client: Any
 ) -> None:
-    fifteen = park(resilience, 15, kwargs={"order_id": 15})
-    others = [park(resilience, n, kwargs={"order_id": n}) for n in (150, 115, 1)]
-    hex_15 = park(resilience, 2, task_id="15ab-not-an-order", kwargs={"order_id": 2})
+    fifteen = park(resilience, 15, id=f"a{uuid.uuid4().hex[1:]}", kwargs={"order_id": 15})
+    # Entry ids are searched by their start too: the others' must not begin with "15" by chance.
+    others = [
+        park(resilience, n, id=f"a{uuid.uuid4().hex[1:]}", kwargs={"order_id": n})
+        for n in (150, 115, 1)
+    ]
+    hex_15 = park(
+        resilience,
+        2,
+        id=f"a{uuid.uuid4().hex[1:]}",
+        task_id="15ab-not-an-order",
+        kwargs={"order_id": 2},
+    )
     url = list_url(resilience)
 
     def found(query: str) -> set[str]:

@@ -10,6 +10,7 @@ and a breaker's change by a second app on the same Redis and prefix.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import logging
 import re
@@ -125,7 +126,8 @@ def admin_client(django_db: None) -> Any:
     return client
 
 
-def park(resilience: Resilience, n: int, **fields: Any) -> ParkedTask:
+def park(resilience: Resilience, n: int, *, id: str | None = None, **fields: Any) -> ParkedTask:
+    """Park entry ``n``; ``id`` replaces the fresh uuid4 where a test needs to know its start."""
     values: dict[str, Any] = {
         "task_name": TASK,
         "task_id": f"order-{n}-{uuid.uuid4().hex[:6]}",
@@ -141,6 +143,8 @@ def park(resilience: Resilience, n: int, **fields: Any) -> ParkedTask:
     }
     values.update(fields)
     entry = ParkedTask.new(**values)
+    if id is not None:
+        entry = dataclasses.replace(entry, id=id)
     resilience.runtime.backout_store.park(entry)
     return entry
 
