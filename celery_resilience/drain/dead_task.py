@@ -3,6 +3,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from celery import Celery
+from celery._state import get_current_app
 from celery.app.task import Context
 
 from ..backout.entry import ParkedTask
@@ -48,13 +53,32 @@ def fail_task(runtime: Runtime, entry: ParkedTask, dead_reason: str) -> None:
     ignore_result = options.get("ignore_result", task is not None and task.ignore_result)
     try:
         backend = app.backend if task is None else task.backend
-        backend.mark_as_failure(
-            entry.task_id,
-            exc,
-            traceback=entry.traceback or None,
-            request=request,
-            store_result=not ignore_result or bool(task and task.store_errors_even_if_ignored),
-            call_errbacks=True,
-        )
+        with current(app):
+            backend.mark_as_failure(
+                entry.task_id,
+                exc,
+                traceback=entry.traceback or None,
+                request=request,
+                store_result=not ignore_result or bool(task and task.store_errors_even_if_ignored),
+                call_errbacks=True,
+            )
     except Exception:
         logger.exception("Could not fail %s[%s] in Celery", entry.task_name, entry.task_id)
+
+
+@contextmanager
+def current(app: Celery) -> Iterator[None]:
+    """``app`` as this thread's current app for the block, as it is in its own worker.
+
+    Celery before 5.6 counts a chord's failed member with the *current* app's backend (the Redis
+    backend's ``GroupResult.restore(gid)``, given no app); the drain may run in a process whose
+    current app is another one, or the default app without a result backend (a CLI, a web
+    process, a test), where the chord would fail with an ``AttributeError`` instead of the
+    member's error.
+    """
+    previous = get_current_app()
+    app.set_current()
+    try:
+        yield
+    finally:
+        previous.set_current()

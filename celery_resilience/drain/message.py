@@ -3,7 +3,10 @@ routed to ``resilience_replay_queue`` when one is set."""
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
+
+from celery.result import AsyncResult
 
 from ..backout.entry import ParkedTask
 from ..headers import replay_headers
@@ -40,8 +43,25 @@ def publish(runtime: Runtime, entry: ParkedTask, producer: Any = None) -> None:
         producer=producer,
         add_to_parent=False,
         retry=False,
+        result_cls=partial(Dropped, app=app),  # bound to the app, as send_task's own
         **options,
     )
+
+
+class Dropped(AsyncResult):  # type: ignore[misc]  # Celery is untyped
+    """The result handle of a replay, which the drain drops at once.
+
+    A dropped ``AsyncResult`` ends the subscription to its id's result. Before Celery 5.7 it ends
+    it for every result of this process that waits on the same id (celery/celery#4925): a
+    group's ``get()`` in a process that also replays its members would wait forever. This one
+    leaves the subscription to such a waiter.
+    """
+
+    def __del__(self) -> None:
+        waiting = getattr(self.backend, "_pending_results", ())
+        if any(self.id in waiters for waiters in waiting):
+            return
+        super().__del__()
 
 
 def replay_options(runtime: Runtime, options: dict[str, Any]) -> dict[str, Any]:
