@@ -20,7 +20,7 @@ TESTED: dict[str, tuple[Minor, Minor]] = {
     "python": ((3, 10), (3, 13)),
     "celery": ((5, 4), (5, 7)),
     "kombu": ((5, 3), (5, 7)),
-    "redis": ((6, 0), (8, 1)),
+    "redis": ((6, 4), (8, 1)),
     "django": ((4, 2), (5, 2)),
     "django-celery-results": ((2, 5), (2, 6)),
 }

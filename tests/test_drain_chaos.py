@@ -27,6 +27,7 @@ from celery_resilience.backout import Filter
 from celery_resilience.drain import Drainer, DrainReport, sending
 from celery_resilience.errors import StoreUnavailable
 from celery_resilience.runtime import Runtime
+from tests.support.kombu_features import publishes_in_batches
 from tests.support.redis_server import RedisServer
 from tests.test_drain import TASK, charge, park, queue_keys, sent_count, sent_ids
 
@@ -69,12 +70,6 @@ def drain_in_child(broker_url: str, prefix: str, queue: str) -> None:
     resilience = make_resilience(broker_url, prefix, queue)
     sending.publish = slowed_publish(0.02)  # type: ignore[attr-defined]  # the drain's
     Drainer(resilience.runtime, lease=LEASE).run()
-
-
-def transport_batches(resilience: Resilience) -> bool:
-    """Whether the drain publishes a batch in one go (kombu 5.7 and later), not one by one."""
-    with resilience.runtime.app.producer_or_acquire() as producer:
-        return bool(getattr(producer, "supports_batch_publish", False))
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
@@ -172,7 +167,7 @@ def test_drainer_killed_mid_batch_loses_nothing(
             child.wait()
     assert child.returncode == -signal.SIGKILL
     at_kill = sent_count(redis_client, queue)
-    if transport_batches(resilience):
+    if publishes_in_batches(resilience):
         assert at_kill == BATCH  # the second batch was never sent: nothing of it is in the queue
     else:  # kombu < 5.7 publishes one by one: part of the second batch went out
         assert BATCH <= at_kill < 2 * BATCH

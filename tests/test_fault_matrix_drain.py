@@ -28,6 +28,7 @@ from celery_resilience import ParkedTask
 from celery_resilience.drain import Drainer
 
 from .support.faults import acl_denied, out_of_memory, read_only, script_sha
+from .support.kombu_features import publishes_in_batches
 from .support.matrix import USER, Ledger, MatrixWorld, fresh, running_world, wait_for
 from .support.raw_entries import put_raw
 
@@ -234,7 +235,15 @@ def test_a_drainer_killed_mid_publish_loses_nothing(world: MatrixWorld) -> None:
     world.broker_proxy.release()
     during = world.snapshot(ids)
     assert during["parked"] == len(ids)  # never acked: all still in the store
-    settle(world, "replay publish / kill -9 drainer", ids, during).check(messages={})
+    ledger = settle(world, "replay publish / kill -9 drainer", ids, during)
+    if publishes_in_batches(world.resilience):  # the batch was one transaction: none went out
+        ledger.check(messages={})
+        return
+    # kombu < 5.7 publishes one by one: the entries sent before the kill (before the held one,
+    # and after it once its publish timed out) run again when the next drain replays them: each
+    # had two messages, the others one, and none is lost.
+    again = ledger.duplicated
+    ledger.check(duplicates=len(again), messages=dict.fromkeys(again, 2))
 
 
 # -- the drain's ack ------------------------------------------------------------------------------

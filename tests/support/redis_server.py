@@ -9,6 +9,7 @@ both keep the port and the directory, so ``start()`` again brings the same serve
 
 from __future__ import annotations
 
+import random
 import shutil
 import signal
 import socket
@@ -26,11 +27,38 @@ import redis
 REDIS_SERVER = "/usr/bin/redis-server" if Path("/usr/bin/redis-server").exists() else "redis-server"
 
 
+#: Ports this process handed out: a cluster node's port and its bus port must differ.
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A TCP port on 127.0.0.1 that nothing listens on right now, below the ephemeral range.
+
+    Not the system's pick (a bind to port 0): that comes from the ephemeral range, where every
+    outgoing connection of the suite's test processes takes its local port too, so one of them
+    could hold the port before the server binds it ("Address already in use", met with four
+    test processes at once).
+    """
+    low = max(ephemeral_range_start(), 20_000)
+    while True:
+        port = random.randrange(10_000, low)
+        if port in _handed_out:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+
+
+def ephemeral_range_start() -> int:
+    """The first port of the system's ephemeral range (Linux's default where it can't be read)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 class RedisServer:
