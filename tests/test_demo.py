@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.worker_process import proc_stat
+
 pytestmark = pytest.mark.integration
 
 pytest.importorskip("django", reason="the demo needs the demo extra: pip install -e .[demo]")
@@ -98,18 +100,10 @@ def read_until(proc: subprocess.Popen[bytes], marker: str, timeout: float) -> st
     raise AssertionError(f"no {marker!r} in the demo's output:\n{''.join(lines)[-5000:]}")
 
 
-def _stat(pid: int) -> list[str] | None:
-    """``/proc/<pid>/stat`` after the command's name: state, ppid, ... (``None``: gone)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-
-
 def started_processes(pid: int) -> dict[int, str]:
     """Every process below ``pid`` (the pool's children too): ``{pid: start time}``, so that a
     recycled PID is not mistaken for one the demo left."""
-    stats = {int(p.name): s for p in Path("/proc").glob("[0-9]*") if (s := _stat(int(p.name)))}
+    stats = {int(p.name): s for p in Path("/proc").glob("[0-9]*") if (s := proc_stat(int(p.name)))}
     below, found = {pid}, True
     while found:
         found = False
@@ -124,7 +118,7 @@ def still_running(processes: dict[int, str]) -> list[str]:
     """The processes of ``processes`` alive (a zombie is gone: it only awaits its parent)."""
     alive = []
     for pid, started in processes.items():
-        stat = _stat(pid)
+        stat = proc_stat(pid)
         if stat is not None and stat[19] == started and stat[0] != "Z":
             command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
             alive.append(f"{pid} {command.decode(errors='replace')}")

@@ -11,14 +11,14 @@ from __future__ import annotations
 import gc
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
-from celery import Celery, states
-from celery._state import get_current_app
+from celery import Celery, _state, states
 from celery.result import AsyncResult, GroupResult
 
 from celery_resilience import ParkedTask, Resilience
-from celery_resilience.drain.dead_task import current
+from celery_resilience.drain.dead_task import current, fail_task
 from celery_resilience.drain.message import publish
 
 pytestmark = pytest.mark.integration
@@ -55,27 +55,51 @@ def test_a_replay_leaves_the_subscription_of_a_group_waiting_on_its_id(
     assert waiting.get(timeout=5) == [42]
 
 
-def test_a_replay_nobody_waits_on_leaves_no_subscription(resilience: Resilience) -> None:
+def test_a_replay_nobody_waits_on_leaves_no_subscription(
+    resilience: Resilience, monkeypatch: pytest.MonkeyPatch
+) -> None:
     app, task_id = resilience.runtime.app, str(uuid.uuid4())
+    consumer = app.backend.result_consumer
+    subscribed: list[str] = []
+    consume_from = consumer.consume_from
+
+    def subscribing(task_id: str) -> None:
+        subscribed.append(task_id)
+        consume_from(task_id)
+
+    monkeypatch.setattr(consumer, "consume_from", subscribing)
 
     replay(resilience, task_id)
 
-    # Celery's own: a dropped handle ends the subscription send_task made for it.
-    subscribed = app.backend.result_consumer.subscribed_to
-    assert bytes(app.backend.get_key_for_task(task_id)) not in subscribed
+    # Celery's own: send_task subscribed to the id's result, the dropped handle ended it.
+    assert subscribed == [task_id]
+    assert bytes(app.backend.get_key_for_task(task_id)) not in consumer.subscribed_to
 
 
-def test_the_dead_task_is_failed_with_its_app_as_the_current_one(
-    resilience: Resilience,
+def test_a_dead_task_is_failed_with_its_app_as_the_current_one(
+    resilience: Resilience, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    app = resilience.runtime.app
-    before = get_current_app()
-    assert before is not app
+    runtime = resilience.runtime
+    before = _state._tls.current_app  # this thread's own (None: none was set)
+    current_while_failing: list[Any] = []
 
-    with current(app):
-        assert get_current_app() is app
-    assert get_current_app() is before
+    def mark_as_failure(*args: Any, **kwargs: Any) -> None:
+        current_while_failing.append(_state._tls.current_app)
+
+    monkeypatch.setattr(runtime.app.backend, "mark_as_failure", mark_as_failure)
+    entry = ParkedTask.new(task_name="seams.member", task_id="t-1", reason="breaker_open")
+
+    fail_task(runtime, entry, "max_replays")
+
+    assert current_while_failing == [runtime.app]
+    assert _state._tls.current_app is before
+
+
+def test_the_current_app_is_given_back_when_failing_raised(resilience: Resilience) -> None:
+    app = resilience.runtime.app
+    before = _state._tls.current_app
 
     with pytest.raises(RuntimeError), current(app):
         raise RuntimeError("trouble in the block")
-    assert get_current_app() is before
+
+    assert _state._tls.current_app is before

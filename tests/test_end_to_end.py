@@ -25,6 +25,7 @@ import redis
 from celery_resilience import Resilience
 from celery_resilience.backout import Filter
 from tests.apps import e2eapp
+from tests.support.worker_process import start_time
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -85,7 +86,7 @@ class Process:
             for task in Path(f"/proc/{self.process.pid}/task").glob("*"):
                 with contextlib.suppress(OSError):
                     pids.update(int(p) for p in (task / "children").read_text().split())
-        return {pid: _start_time(pid) for pid in pids}
+        return {pid: start_time(pid) for pid in pids}
 
     def stop(self) -> None:
         """SIGTERM (warm shutdown), then SIGKILL by PID, the pool children included."""
@@ -100,17 +101,9 @@ class Process:
             process.kill()
             process.wait(STOP_TIMEOUT)
         for pid, started in children.items():  # only if the PID still names the same process
-            if started is not None and _start_time(pid) == started:
+            if started is not None and start_time(pid) == started:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-
-
-def _start_time(pid: int) -> int | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return int(stat.rsplit(")", 1)[1].split()[19])
 
 
 def wait_until(

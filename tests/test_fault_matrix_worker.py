@@ -24,6 +24,7 @@ import pytest
 from .support.faults import acl_denied, out_of_memory, read_only, script_sha
 from .support.kombu_features import restore_unacked, restores_unacked_when_asked
 from .support.matrix import USER, MatrixWorld, fresh, running_world, wait_for
+from .support.worker_process import alive
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -290,15 +291,6 @@ def kill_worker(world: MatrixWorld) -> None:
     assert old.process is not None
     old.process.wait(10.0)
     wait_for(lambda: not any(alive(pid) for pid in pids), "the killed worker's processes gone")
-
-
-def alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie has closed its files: it does not)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def _redis_error(world: MatrixWorld, fault: str):  # type: ignore[no-untyped-def]

@@ -6,8 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from celery import Celery
-from celery._state import get_current_app
+from celery import Celery, _state
 from celery.app.task import Context
 
 from ..backout.entry import ParkedTask
@@ -76,9 +75,11 @@ def current(app: Celery) -> Iterator[None]:
     process, a test), where the chord would fail with an ``AttributeError`` instead of the
     member's error.
     """
-    previous = get_current_app()
-    app.set_current()
+    # The thread's own setting, not get_current_app(): that would make Celery's fallback app
+    # where none was set, and then leave it set.
+    previous = getattr(_state._tls, "current_app", None)
+    _state._set_current_app(app)
     try:
         yield
     finally:
-        previous.set_current()
+        _state._set_current_app(previous)

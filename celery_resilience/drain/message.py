@@ -58,8 +58,10 @@ class Dropped(AsyncResult):  # type: ignore[misc]  # Celery is untyped
     """
 
     def __del__(self) -> None:
-        waiting = getattr(self.backend, "_pending_results", ())
-        if any(self.id in waiters for waiters in waiting):
+        # Celery 5.4-5.6 map an id to its waiter, 5.7 to the waiters (an empty mapping once they
+        # are gone): either way a true value means someone else waits.
+        pending = getattr(self.backend, "_pending_results", ())
+        if any(mapping.get(self.id) for mapping in pending):
             return
         super().__del__()
 

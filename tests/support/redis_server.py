@@ -29,6 +29,8 @@ REDIS_SERVER = "/usr/bin/redis-server" if Path("/usr/bin/redis-server").exists()
 
 #: Ports this process handed out: a cluster node's port and its bus port must differ.
 _handed_out: set[int] = set()
+#: Not the module's generator, which a test may seed (Hypothesis does).
+_random = random.SystemRandom()
 
 
 def free_port() -> int:
@@ -41,7 +43,7 @@ def free_port() -> int:
     """
     low = max(ephemeral_range_start(), 20_000)
     while True:
-        port = random.randrange(10_000, low)
+        port = _random.randrange(10_000, low)
         if port in _handed_out:
             continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:

@@ -133,7 +133,7 @@ class WorkerProcess:
         process = self.process
         if process is None or process.poll() is not None:
             return self.log()
-        children = {pid: _start_time(pid) for pid in self.children()}
+        children = {pid: start_time(pid) for pid in self.children()}
         process.send_signal(signal.SIGTERM)
         try:
             process.wait(timeout)
@@ -143,16 +143,27 @@ class WorkerProcess:
             # Pool children outlive a SIGKILLed parent: end them too, by PID, checking that
             # each PID still names the same process (its start time) before signalling it.
             for pid, started in children.items():
-                if started is not None and _start_time(pid) == started:
+                if started is not None and start_time(pid) == started:
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGKILL)
         return self.log()
 
 
-def _start_time(pid: int) -> int | None:
-    """The process's start time in clock ticks (``/proc/<pid>/stat`` field 22), or ``None``."""
+def proc_stat(pid: int) -> list[str] | None:
+    """``/proc/<pid>/stat`` after the command's name: state, ppid, ... (``None``: gone)."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return None
-    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks (``/proc/<pid>/stat`` field 22), or ``None``."""
+    stat = proc_stat(pid)
+    return None if stat is None else int(stat[19])
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie has closed its files: it does not)."""
+    stat = proc_stat(pid)
+    return stat is not None and stat[0] != "Z"
