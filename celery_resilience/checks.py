@@ -76,9 +76,10 @@ def _settings(runtime: Runtime) -> list[Finding]:
     return [
         Finding(
             "error",
-            f"resilience_max_countdown ({max_countdown:.0f}s) is not below the broker's "
-            f"visibility timeout ({limit:.0f}s): a retry that long is delivered twice. Lower "
-            "resilience_max_countdown (or leave it unset).",
+            f"resilience_max_countdown ({max_countdown:.0f}s) is not below how long the broker "
+            f"holds a countdown safely ({limit:.0f}s: its visibility or consumer timeout): a "
+            "retry that long is delivered twice. Lower resilience_max_countdown (or leave it "
+            "unset).",
         )
     ]
 

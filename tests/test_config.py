@@ -6,11 +6,13 @@ from __future__ import annotations
 import math
 from typing import Any, ClassVar
 
+import celery
 import pytest
 from celery import Celery
+from kombu.entity import Exchange, Queue
 
 from celery_resilience import ConfigurationError, Resilience
-from celery_resilience.config import BreakerConfig, ResilienceConfig
+from celery_resilience.config import BreakerConfig, ResilienceConfig, native_delayed_delivery
 
 pytestmark = pytest.mark.unit
 
@@ -323,6 +325,51 @@ def test_max_countdown_defaults_to_nine_tenths_of_the_shortest_visibility_timeou
 def test_max_countdown_with_an_amqp_broker_stays_below_rabbitmqs_consumer_timeout() -> None:
     app = make_app(broker=AMQP, redis_url=REDIS)
     assert Resilience(app).runtime.config.max_countdown == pytest.approx(0.9 * 1800)
+
+
+#: Celery's native delayed delivery on RabbitMQ (Celery 5.5 and kombu 5.5 or later).
+NATIVE = celery.VERSION >= (5, 5)
+
+
+def quorum(name: str, exchange_type: str) -> Any:
+    """A quorum queue behind an exchange of its own of ``exchange_type``."""
+    exchange = Exchange(name, exchange_type)  # type: ignore[no-untyped-call]  # kombu is untyped
+    arguments = {"x-queue-type": "quorum"}
+    return Queue(name, exchange, queue_arguments=arguments)  # type: ignore[no-untyped-call]
+
+
+@pytest.mark.parametrize(
+    ("conf", "natively"),
+    [
+        ({"task_default_queue_type": "quorum", "task_default_exchange_type": "topic"}, NATIVE),
+        ({"task_default_queue_type": "quorum", "task_default_exchange_type": "fanout"}, NATIVE),
+        # Celery sends a countdown through a direct exchange the old way.
+        ({"task_default_queue_type": "quorum"}, False),
+        ({"task_default_exchange_type": "topic"}, False),  # classic queues
+        ({"task_queues": [quorum("a", "topic"), quorum("b", "topic")]}, NATIVE),
+        # One queue a countdown could reach the old way: the worker's limit stands.
+        ({"task_queues": [quorum("a", "topic"), quorum("b", "direct")]}, False),
+    ],
+)
+def test_max_countdown_on_rabbitmq_follows_celerys_native_delayed_delivery(
+    conf: dict[str, Any], natively: bool
+) -> None:
+    app = make_app(broker=AMQP, redis_url=REDIS)
+    app.conf.update(conf)
+    config = Resilience(app).runtime.config
+
+    assert native_delayed_delivery(app.conf) is natively
+    limit = 2**28 - 1 if natively else 1800
+    assert config.max_countdown == pytest.approx(0.9 * limit)
+    # A worker still holds a delivered message unacked for the consumer timeout at most.
+    assert config.broker_redelivery_after == 1800
+
+
+def test_a_redis_broker_never_counts_on_native_delayed_delivery() -> None:
+    app = make_app()
+    app.conf.update(task_default_queue_type="quorum", task_default_exchange_type="topic")
+    assert not native_delayed_delivery(app.conf)
+    assert Resilience(app).runtime.config.max_countdown == pytest.approx(0.9 * 3600)
 
 
 def test_an_explicit_max_countdown_is_kept() -> None:

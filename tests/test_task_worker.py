@@ -12,20 +12,25 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import socket
+import subprocess
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, cast
 from urllib.parse import urlparse
 
+import celery
 import pytest
 import redis
 from celery import Celery
 
 from celery_resilience import Resilience
 from celery_resilience.backout.entry import ParkedTask
+from celery_resilience.config import native_delayed_delivery
 
 from .apps.workerapp import broker_keyprefix, make_app
 from .conftest import service_missing
@@ -398,6 +403,78 @@ def test_breaker_opens_and_parks_with_rabbitmq_broker(make_world: Callable[..., 
     assert worker.log().count("Breaker 'dep' opened") == 1
     counts = world.assert_ledger()
     assert counts["parked"] == 5
+
+
+@pytest.fixture
+def rabbitmq_vhost() -> Iterator[str]:
+    """The URL of a RabbitMQ virtual host of the test's own, deleted with all it holds."""
+    require_rabbitmq()
+    name = f"resilience-test-{uuid.uuid4().hex[:10]}"
+    rabbitmqctl("add_vhost", name)
+    try:
+        rabbitmqctl("set_permissions", "-p", name, "guest", ".*", ".*", ".*")
+        yield f"{AMQP_URL.rstrip('/')}/{name}"
+    finally:
+        rabbitmqctl("delete_vhost", name)
+
+
+def rabbitmqctl(*args: str) -> str:
+    command = shutil.which("rabbitmqctl")
+    if command is None:
+        service_missing("rabbitmqctl is missing (it comes with rabbitmq-server)")
+    done = subprocess.run([command, *args], capture_output=True, text=True, timeout=60, check=True)
+    return done.stdout
+
+
+def queue_depths(vhost_url: str) -> dict[str, int]:
+    """Messages (ready and unacked) of each queue of the virtual host, as RabbitMQ counts them."""
+    vhost = urlparse(vhost_url).path.lstrip("/")
+    listed = rabbitmqctl(
+        "list_queues", "-p", vhost, "--quiet", "--no-table-headers", "name", "messages"
+    )
+    return {name: int(count) for name, count in (line.split() for line in listed.splitlines())}
+
+
+def test_a_retry_past_the_consumer_timeout_waits_in_rabbitmq_where_celery_delays_natively(
+    rabbitmq_vhost: str, make_world: Callable[..., World]
+) -> None:
+    """Quorum queues behind a topic exchange: on Celery 5.5 and later a countdown waits in
+    RabbitMQ's delay queues (native delayed delivery), so a retry of two hours is sent as a
+    countdown; before, a worker would hold it past RabbitMQ's consumer timeout, so it is parked
+    with a due time, as on any broker that can't hold it."""
+    world = make_world(
+        broker=rabbitmq_vhost,
+        quorum=1,
+        failure_threshold=100,
+        backoff_base=7200,
+        backoff_cap=7200,
+        jitter="none",
+        max_retries=1,
+    )
+    natively = native_delayed_delivery(world.app.conf)
+    assert natively is (celery.VERSION >= (5, 5))
+    worker = world.start_worker()
+    world.dependency(up=False)
+
+    task_id = world.publish("charge", "q-1")
+
+    if not natively:
+        entry = world.wait_parked([task_id])[task_id]
+        assert entry.reason == "delay_too_long"
+        assert world.dep_calls() == 1
+        return
+    wait_for(lambda: (task_id, 1) in countdowns_logged(worker.log()), "the retry's countdown")
+    assert countdowns_logged(worker.log())[(task_id, 1)] == 7200.0
+
+    # In one of RabbitMQ's delay queues, not in the task's queue nor held by the worker.
+    def delayed() -> int:
+        depths = queue_depths(rabbitmq_vhost)
+        return sum(n for queue, n in depths.items() if queue.startswith("celery_delayed_"))
+
+    wait_for(lambda: delayed() == 1, "the retry in one of RabbitMQ's delay queues")
+    assert queue_depths(rabbitmq_vhost)[world.queue] == 0
+    assert world.parked() == {}
+    assert world.dep_calls() == 1
 
 
 @pytest.mark.parametrize(

@@ -29,6 +29,8 @@ from .broker import (
     _max_countdown,
     _redis_url,
     broker_countdown_limit,
+    broker_redelivery_after,
+    native_delayed_delivery,
 )
 from .deployment import RedisDeployment, broker_options, deployment, kind_of, park_replicas
 from .trust import Keys, encryption_keys, sensitive_keys, serializer, signing_keys
@@ -55,8 +57,10 @@ __all__ = [
     "ResilienceConfig",
     "backout_store_factory",
     "broker_countdown_limit",
+    "broker_redelivery_after",
     "derived_name",
     "exception_types",
+    "native_delayed_delivery",
     "task_options",
 ]
 
@@ -285,7 +289,7 @@ class ResilienceConfig:
             park_on_delay=positive("resilience_park_on_delay", get("park_on_delay", 60.0)),
             keep_delay=positive("resilience_keep_delay", get("keep_delay", 30.0)),
             park_attempts=integer("resilience_park_attempts", get("park_attempts", 10)),
-            broker_redelivery_after=broker_countdown_limit(conf),
+            broker_redelivery_after=broker_redelivery_after(conf),
             signing_keys=signing_keys(get("signing_key")),
             encryption_keys=encryption_keys(get("encryption_key")),
             sensitive_keys=sensitive_keys(get("sensitive_keys", ())),

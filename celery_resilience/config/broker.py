@@ -1,8 +1,10 @@
 """What the app's broker settings decide: the Redis URL when ``resilience_redis_url`` is unset,
-and how long the broker holds a message (:func:`broker_countdown_limit`, ``max_countdown``)."""
+how long the broker holds an unacked message (:func:`broker_redelivery_after`) and the longest
+countdown it holds safely (:func:`broker_countdown_limit`, ``max_countdown``)."""
 
 from __future__ import annotations
 
+from importlib.util import find_spec
 from typing import Any
 from urllib.parse import urlparse
 
@@ -21,6 +23,10 @@ _DEFAULT_VISIBILITY_TIMEOUT = 3600.0
 _AMQP_CONSUMER_TIMEOUT = 1800.0
 #: Share of the broker's limit a countdown may use: keeps a margin for clock skew and queueing.
 _COUNTDOWN_SAFETY = 0.9
+#: The longest countdown of RabbitMQ's native delayed delivery (kombu's 28 levels of delay
+#: queues, one bit of the countdown's seconds each).
+NATIVE_DELAY_LIMIT = float(2**28 - 1)
+_AMQP_SCHEMES = ("amqp", "amqps", "pyamqp", "librabbitmq")
 
 
 def _redis_url(value: Any, broker_url: Any) -> str:
@@ -57,10 +63,55 @@ def _redis_url(value: Any, broker_url: Any) -> str:
 
 
 def broker_countdown_limit(conf: Any) -> float:
-    """The longest time the app's broker holds an ETA message safely (seconds)."""
+    """The longest countdown the app's broker holds safely (seconds): the broker's own delay
+    queues where Celery uses them (:func:`native_delayed_delivery`), else as long as a worker
+    may hold the message unacked (:func:`broker_redelivery_after`)."""
+    return NATIVE_DELAY_LIMIT if native_delayed_delivery(conf) else broker_redelivery_after(conf)
+
+
+def native_delayed_delivery(conf: Any) -> bool:
+    """Whether every countdown of the app waits in RabbitMQ, not in a worker: Celery 5.5's
+    native delayed delivery, which Celery uses when the app has a quorum queue, for a message
+    routed through a topic or fanout exchange (never a direct one). Taken as true only when
+    every queue the app declares is such a quorum queue; where a countdown could go another
+    way, the worker's limit stands. Before Celery 5.5 (and kombu 5.5) it is never used."""
+    if _scheme(conf) not in _AMQP_SCHEMES:
+        return False
+    if find_spec("celery.utils.quorum_queues") is None:
+        return False
+    if find_spec("kombu.transport.native_delayed_delivery") is None:
+        return False
+    queues = _declared_queues(conf)
+    return bool(queues) and all(
+        kind == "quorum" and exchange in ("topic", "fanout") for kind, exchange in queues
+    )
+
+
+def _declared_queues(conf: Any) -> list[tuple[str, str]]:
+    """(queue type, exchange type) of each queue the app declares: ``task_queues``, or the
+    default queue Celery makes from the ``task_default_*`` settings."""
+    declared = conf.get("task_queues")
+    if not declared:
+        kind = conf.get("task_default_queue_type") or "classic"
+        return [(str(kind), str(conf.get("task_default_exchange_type") or "direct"))]
+    queues = declared.values() if isinstance(declared, dict) else declared
+    found = []
+    for queue in queues:
+        arguments = getattr(queue, "queue_arguments", None) or {}
+        exchange = getattr(getattr(queue, "exchange", None), "type", None) or "direct"
+        found.append((str(arguments.get("x-queue-type", "classic")), str(exchange)))
+    return found
+
+
+def _scheme(conf: Any) -> str:
     url = conf.get("broker_url") or ""
-    scheme = urlparse(url.split(";")[0]).scheme if isinstance(url, str) else ""
-    if scheme in ("amqp", "amqps", "pyamqp", "librabbitmq"):
+    return urlparse(url.split(";")[0]).scheme if isinstance(url, str) else ""
+
+
+def broker_redelivery_after(conf: Any) -> float:
+    """How long the app's broker lets a worker hold a message unacked (seconds): RabbitMQ's
+    ``consumer_timeout``, or the shortest Redis ``visibility_timeout``."""
+    if _scheme(conf) in _AMQP_SCHEMES:
         return _AMQP_CONSUMER_TIMEOUT
     # The shortest visibility timeout wins: the broker's, the result backend's, the top-level one.
     candidates = [

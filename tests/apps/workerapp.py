@@ -80,6 +80,9 @@ def settings(env: Mapping[str, str]) -> dict[str, Any]:
         "on_open": env.get("WORKERAPP_ON_OPEN", "park"),
         # "1": a breaker per host too (``hook``), called by ``workerapp.webhook``.
         "hooks": env.get("WORKERAPP_HOOKS", "") == "1",
+        # "1": the queue is a RabbitMQ quorum queue behind a topic exchange (Celery 5.5's native
+        # delayed delivery holds countdowns in the broker then).
+        "quorum": env.get("WORKERAPP_QUORUM", "") == "1",
     }
 
 
@@ -129,6 +132,9 @@ def make_app(env: Mapping[str, str]) -> Celery:
             "dep": {"failure_threshold": s["failure_threshold"], "open_timeout": s["open_timeout"]}
         },
     )
+    if s["quorum"]:
+        app.conf.task_default_queue_type = "quorum"
+        app.conf.task_default_exchange_type = "topic"
     if s["hooks"]:
         app.conf.resilience_breakers["hook"] = {
             "failure_threshold": s["failure_threshold"],
