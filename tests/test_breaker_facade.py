@@ -3,11 +3,13 @@ operator orders, transition events, threads, fork, and time taken from Redis ``T
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -566,23 +568,32 @@ def test_exactly_one_of_many_threads_sees_the_breaker_open(make_resilience: Make
 
 
 # -- fork ---------------------------------------------------------------------------------------
-def run_in_child(child: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """Fork, run ``child`` there, and return what it reported through a pipe."""
+def run_in_child(child: Callable[[], dict[str, Any]], timeout: float = 60.0) -> dict[str, Any]:
+    """Fork, run ``child`` there, and return what it reported through a pipe.
+
+    The parent waits for the child's exit, not for the pipe's end: a process that another thread
+    forks meanwhile would hold the write end open. A child stuck for ``timeout`` seconds dumps
+    its threads' stacks (faulthandler) and exits, and the assertion shows them.
+    """
     read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - runs in the child
-        os.close(read_end)
-        try:
-            report = child()
-        except BaseException as exc:
-            report = {"error": repr(exc)}
-        os.write(write_end, json.dumps(report).encode())
-        os._exit(0)
-    os.close(write_end)
-    with os.fdopen(read_end, "rb") as pipe:
-        data = pipe.read()
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
+    with tempfile.TemporaryFile() as stacks:
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - runs in the child
+            os.close(read_end)
+            faulthandler.dump_traceback_later(timeout, exit=True, file=stacks)
+            try:
+                report = child()
+            except BaseException as exc:
+                report = {"error": repr(exc)}
+            os.write(write_end, json.dumps(report).encode())
+            os._exit(0)
+        os.close(write_end)
+        _, status = os.waitpid(pid, 0)
+        os.set_blocking(read_end, False)
+        with os.fdopen(read_end, "rb") as pipe:
+            data = pipe.read() or b""
+        stacks.seek(0)
+        assert os.waitstatus_to_exitcode(status) == 0, stacks.read().decode(errors="replace")
     return cast(dict[str, Any], json.loads(data))
 
 
@@ -612,6 +623,34 @@ def test_a_forked_child_uses_its_own_connection(make_resilience: MakeResilience)
     assert report["consecutive"] == 2  # the child shares the parent's breaker
     assert resilience.runtime.redis is parent_client  # the parent keeps its own
     assert breaker.snapshot()["consecutive_failures"] == 2
+
+
+def test_a_forked_child_is_not_stuck_on_a_lock_its_parents_watch_held(
+    make_resilience: MakeResilience,
+) -> None:
+    """The watch thread takes the knowledge's lock for each change it hears; a fork copies the
+    lock as that thread left it, and the child has no such thread to release it."""
+    resilience = make_resilience()
+    breaker = resilience.breaker("dep")
+    breaker.call(lambda: None)  # the watch runs
+    knowledge = resilience.runtime.knowledge
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:  # where the watch thread is while it hears a change
+        with knowledge._lock:
+            held.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert held.wait(10)
+        report = run_in_child(lambda: {"result": breaker.call(lambda: 7)}, timeout=10)
+    finally:
+        release.set()
+        holder.join()
+    assert report == {"result": 7}
+    assert breaker.call(lambda: 8) == 8  # and the parent's lock is its own still
 
 
 def test_a_forked_child_does_not_report_its_parents_deferred_successes(

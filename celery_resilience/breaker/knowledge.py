@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -39,11 +40,17 @@ NOT_LIVE = -1
 MAX_KNOWLEDGE_AGE = 2.0
 #: Forks so far in this process's lineage: compared on the hot path instead of ``os.getpid()``.
 _forks = 0
+#: Every knowledge of this process, for a forked child to give each a lock of its own.
+_every: weakref.WeakSet[Knowledge] = weakref.WeakSet()
 
 
 def _forked() -> None:
     global _forks  # noqa: PLW0603 - one counter per process, bumped in a child
     _forks += 1
+    # A fork copies a lock as the parent's threads left it: one the watch thread held while it
+    # heard a change would stay held in the child, which has no such thread to release it.
+    for knowledge in list(_every):
+        knowledge._lock = threading.RLock()
 
 
 os.register_at_fork(after_in_child=_forked)
@@ -80,6 +87,7 @@ class Knowledge:
         self._family_asked: dict[str, float] = {}  # monotonic time of each family's last ask
         # Re-entrant: a store may call back (``on_live``) from inside ``watch``.
         self._lock = threading.RLock()
+        _every.add(self)
         self._watch: Watch | None = None
         self._pid = -1
         self._forks = -1
@@ -237,8 +245,8 @@ class Knowledge:
         if self._pid != os.getpid() or not _alive(self._watch):
             with self._lock:
                 if self._pid != os.getpid() or not _alive(self._watch):
-                    if self._watch is not None:
-                        self._watch.close()
+                    if self._watch is not None and self._forks == _forks:
+                        self._watch.close()  # a parent's watch has no thread in a child
                     self._breakers.clear()
                     self._families.clear()
                     self.generation = NOT_LIVE

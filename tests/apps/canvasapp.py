@@ -19,7 +19,7 @@ from typing import Any
 
 from celery import Celery
 
-from celery_resilience import ResilientTask
+from celery_resilience import Resilience, ResilientTask
 from tests.apps.workerapp import call_dependency, client, make_app, settings
 
 #: Settings of the direct-call tasks: (acks_late, deduplicate, breaker), every combination.
@@ -117,6 +117,11 @@ def define_canvas_tasks(app: Celery, s: Mapping[str, Any]) -> None:
         """A chain's next link, a chord's callback, a ``link``: records what it was given."""
         record(self, args=[value, tag])
         return value
+
+    @app.task(name="canvas.known", **base)
+    def known(self: Any, breaker: str) -> str:
+        """The breaker's state as this worker knows it: what its next admission goes by."""
+        return str(Resilience.for_app(self.app).breaker(breaker).known_state())
 
     # Not bound: Celery calls a bound errback with the task id alone, as it did before 4.0.
     @app.task(name="canvas.errback", base=ResilientTask, shared=False)
