@@ -118,7 +118,7 @@ def test_admission_with_redis_answering_errors_runs_the_task_fail_open(
 
 
 def test_admission_with_the_child_killed_there_redelivers(world: MatrixWorld) -> None:
-    world.resilience.breaker("dep").force_open()  # admission then asks Redis (acquire.lua)
+    world.force_open()  # admission then asks Redis (acquire.lua)
     held = world.store_proxy.hold_on(ACQUIRE)
     ids = world.publish(1, "adm-kill")
     wait_for(held.is_set, "the child held in admission")
@@ -181,7 +181,7 @@ def test_a_retry_and_a_park_both_refused_leave_the_message_unacked(world: Matrix
 
 
 def test_a_park_refused_with_noperm_keeps_the_message_in_the_broker(world: MatrixWorld) -> None:
-    world.resilience.breaker("dep").force_open()
+    world.force_open()
     rules = ["resetkeys", f"~{{{world.prefix}:breaker:*", f"~{world.prefix}:breakers"]
     with acl_denied(world.store_admin, USER, rules):
         ids = world.publish(3, "park-noperm")
@@ -204,7 +204,7 @@ def test_an_exhausted_task_whose_park_fails_stays_in_the_broker(
 
 def test_an_entry_that_cannot_be_encoded_keeps_the_message(world: MatrixWorld) -> None:
     # The store writes msgpack, which can't hold the datetime these JSON messages carry.
-    world.resilience.breaker("dep").force_open()
+    world.force_open()
     ids = []
     for i in range(2):
         task_id = f"park-encode-{i}-{time.monotonic_ns()}"
@@ -217,7 +217,7 @@ def test_an_entry_that_cannot_be_encoded_keeps_the_message(world: MatrixWorld) -
 
 
 def test_a_child_killed_while_parking_parks_once(world: MatrixWorld) -> None:
-    world.resilience.breaker("dep").force_open()
+    world.force_open()
     held = world.store_proxy.hold_on(PARK)
     ids = world.publish(1, "park-kill")
     wait_for(held.is_set, "the child held in its park")
@@ -228,7 +228,7 @@ def test_a_child_killed_while_parking_parks_once(world: MatrixWorld) -> None:
 
 
 def test_a_park_whose_reply_is_lost_parks_once(world: MatrixWorld) -> None:
-    world.resilience.breaker("dep").force_open()
+    world.force_open()
     cut = world.store_proxy.cut_reply_on(PARK)
     ids = world.publish(2, "park-cut")
     wait_for(cut.is_set, "a park whose reply was cut")
@@ -242,7 +242,7 @@ def test_a_park_whose_reply_is_lost_parks_once(world: MatrixWorld) -> None:
 
 def test_a_worker_killed_between_park_and_ack_parks_once(world: MatrixWorld) -> None:
     """The last cell: it kills the worker and starts another."""
-    world.resilience.breaker("dep").force_open()
+    world.force_open()
     ids = world.publish(1, "ack-kill")
     # The park is stored; the ack (HDEL of the message from kombu's ``unacked``) is held.
     held = world.broker_proxy.hold_on(b"HDEL")
