@@ -47,7 +47,13 @@ from .apps.flowerapp import make_app
 from .conftest import REDIS_URL
 from .support.browser import chrome, keep_for_docs, missing_browser, wait_for
 from .support.redis_server import free_port
-from .support.worker_process import READY_TIMEOUT, WorkerProcess, spawn, wait_until
+from .support.worker_process import (
+    READY_TIMEOUT,
+    WorkerProcess,
+    force_open_for_workers,
+    spawn,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(90)]
 
@@ -221,7 +227,7 @@ def test_parked_tasks_show_in_flower_and_replay_to_success(world: World) -> None
     parked_before = world.flower.events_total("task-parked", node)
     succeeded_before = world.flower.events_total("task-succeeded", node)
     world.dependency(up=False)
-    breaker.force_open()
+    force_open_for_workers(breaker)
     task_ids = world.publish(3, "forced")
 
     tasks = world.wait_flower_parked(task_ids)
@@ -353,7 +359,7 @@ return [...document.querySelectorAll('#tasks-table tbody tr')]
 def test_flowers_task_page_filtered_on_parked_lists_them(world: World, tmp_path: Path) -> None:
     # Given three tasks parked by a breaker forced open
     breaker = world.resilience.breaker("dep")
-    breaker.force_open()
+    force_open_for_workers(breaker)
     task_ids = world.publish(3, "parked")
     world.wait_flower_parked(task_ids)
     driver = chrome(tmp_path / "chromium-profile")

@@ -30,7 +30,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
@@ -43,14 +42,13 @@ from celery import Celery
 
 from celery_resilience import Resilience
 from celery_resilience.backout.entry import ParkedTask
-from celery_resilience.breaker.knowledge import MAX_KNOWLEDGE_AGE
 from celery_resilience.contrib.pytest import delete_prefix
 from tests.apps.workerapp import broker_keyprefix, make_app
 
 from .broker_tap import BrokerTap
 from .faults import FaultProxy, make_user
 from .redis_server import RedisServer
-from .worker_process import WorkerProcess, wait_until
+from .worker_process import WorkerProcess, force_open_for_workers, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 USER, PASSWORD = "worker", "worker-secret"
@@ -244,11 +242,7 @@ class MatrixWorld:
 
     # -- tasks -------------------------------------------------------------------------------
     def force_open(self, breaker: str = "dep") -> None:
-        """Force ``breaker`` open, then wait out the staleness bound: until then a worker that
-        saw it closed may admit a task sent at once without asking Redis (its feed brings the
-        change within milliseconds, but a loaded host can run the task first)."""
-        self.resilience.breaker(breaker).force_open()
-        time.sleep(MAX_KNOWLEDGE_AGE)
+        force_open_for_workers(self.resilience.breaker(breaker))
 
     def publish(self, count: int, tag: str, task: str = "charge", **options: Any) -> list[str]:
         ids = []

@@ -17,9 +17,20 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from celery_resilience.breaker import Breaker
+from celery_resilience.breaker.knowledge import MAX_KNOWLEDGE_AGE
+
 ROOT = Path(__file__).resolve().parents[2]
 READY_TIMEOUT = 30.0
 STOP_TIMEOUT = 15.0
+
+
+def force_open_for_workers(breaker: Breaker) -> None:
+    """Force ``breaker`` open, then wait out the staleness bound: until then a running worker
+    that saw it closed may admit a task sent at once without asking Redis (its feed brings the
+    change within milliseconds, but a loaded host can run the task first)."""
+    breaker.force_open()
+    time.sleep(MAX_KNOWLEDGE_AGE)
 
 
 def wait_until(
