@@ -579,14 +579,19 @@ def run_in_child(child: Callable[[], dict[str, Any]], timeout: float = 60.0) -> 
     with tempfile.TemporaryFile() as stacks:
         pid = os.fork()
         if pid == 0:  # pragma: no cover - runs in the child
-            os.close(read_end)
-            faulthandler.dump_traceback_later(timeout, exit=True, file=stacks)
-            try:
-                report = child()
-            except BaseException as exc:
-                report = {"error": repr(exc)}
-            os.write(write_end, json.dumps(report).encode())
-            os._exit(0)
+            code = 1
+            try:  # the child never returns into pytest, whatever happens
+                os.close(read_end)
+                faulthandler.dump_traceback_later(timeout, exit=True, file=stacks)
+                try:
+                    report = child()
+                except BaseException as exc:
+                    report = {"error": repr(exc)}
+                # Written before the parent reads: a report must fit the pipe's buffer (64 KiB).
+                os.write(write_end, json.dumps(report).encode())
+                code = 0
+            finally:
+                os._exit(code)
         os.close(write_end)
         _, status = os.waitpid(pid, 0)
         os.set_blocking(read_end, False)

@@ -307,7 +307,7 @@ def test_half_open_breaker_releases_only_its_probe_permits(
     )
     breaker = resilience.breaker("dep")
     breaker.acquire().failure()
-    assert breaker.state == "open"
+    assert breaker.snapshot()["opened_total"] == 1  # (its 0.2 s may be over already: no state)
     park(resilience, 10, queue)
     wait_for(lambda: breaker.state == "half_open")
 

@@ -17,13 +17,14 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 import pytest
 import redis
 
 from celery_resilience import Resilience
 from celery_resilience.backout import Filter
+from celery_resilience.breaker import Breaker
 from tests.apps import e2eapp
 from tests.support.worker_process import start_time
 
@@ -177,8 +178,22 @@ def world(
         # Keys (breaker, store, ledger, the broker's queue and bindings) go with key_prefix.
 
 
-def in_first_opening(snapshot: dict[str, Any]) -> bool:
-    return bool(snapshot["state"] == "open" and snapshot["opened_total"] == 1)
+def calls_at_first_opening(
+    breaker: Breaker, calls: Callable[[], int], processes: list[Process]
+) -> tuple[int, bool]:
+    """The dependency's calls once the breaker first opened, and whether that count is sure to
+    come before any probe: a probe needs the open timeout and a drain run, but a loaded host can
+    be that slow to look. It is, if the breaker, read after the count, is still in its first
+    opening (a failed probe would have opened it a second time)."""
+    wait_until(
+        "the breaker opened",
+        lambda: breaker.snapshot()["opened_total"] >= 1,
+        PARK_TIMEOUT,
+        processes,
+    )
+    count = calls()
+    snapshot = breaker.snapshot()
+    return count, bool(snapshot["state"] == "open" and snapshot["opened_total"] == 1)
 
 
 def test_outage_parks_every_task_and_beat_brings_all_back(
@@ -212,13 +227,9 @@ def test_outage_parks_every_task_and_beat_brings_all_back(
     with app.producer_or_acquire() as producer:
         for i, task_id in enumerate(ids):
             charge.apply_async((i,), task_id=task_id, producer=producer)
+    calls_opened, before_any_probe = calls_at_first_opening(breaker, calls, processes)
     to_park = wait_until("every task parked", all_parked, PARK_TIMEOUT, processes)
     state_parked = breaker.state
-    calls_parked = calls()
-    # The probe needs the open timeout and a drain run, but on a slow host parking 60 tasks may
-    # take that long: calls_parked is a baseline before any probe only if, read after it, the
-    # breaker is still in its first opening (half-open -> open would count a second one).
-    before_any_probe = in_first_opening(breaker.snapshot())
     assert sorted(e.task_id for e in store.list(limit=10 * TASKS)) == sorted(ids)
     assert state_parked in ("open", "half_open")
     assert redis_client.scard(keys["succeeded"]) == 0
@@ -236,7 +247,7 @@ def test_outage_parks_every_task_and_beat_brings_all_back(
     assert store.count(Filter(status="dead")) == 0
     calls_down = calls()
     # The probe did call the dependency: one call more than opened the breaker.
-    baseline = calls_parked if before_any_probe else e2eapp.BREAKER["failure_threshold"]
+    baseline = calls_opened if before_any_probe else e2eapp.BREAKER["failure_threshold"]
     assert calls_down > baseline
 
     # -- the dependency is back; nobody touches anything -------------------------------------
@@ -290,7 +301,7 @@ def test_outage_parks_every_task_and_beat_brings_all_back(
         f"  dependency up -> closed       {to_close:6.2f}s (a probe released by beat's drain)\n"
         f"  dependency up -> store empty  {to_empty:6.2f}s (all {TASKS} succeeded)\n"
         f"  whole run                     {time.monotonic() - started:6.2f}s\n"
-        f"  dependency calls: {calls_parked} until parked, {calls_down - calls_parked} probe(s) "
+        f"  dependency calls: {calls_opened} until opened, {calls_down - calls_opened} probe(s) "
         f"while down, {calls() - calls_down} after; breaker opened {snapshot['opened_total']}x; "
         f"{drains} drain runs"
     )

@@ -245,8 +245,8 @@ class Knowledge:
         if self._pid != os.getpid() or not _alive(self._watch):
             with self._lock:
                 if self._pid != os.getpid() or not _alive(self._watch):
-                    if self._watch is not None and self._forks == _forks:
-                        self._watch.close()  # a parent's watch has no thread in a child
+                    if self._watch is not None:
+                        self._watch.close()
                     self._breakers.clear()
                     self._families.clear()
                     self.generation = NOT_LIVE
