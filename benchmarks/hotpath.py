@@ -1,13 +1,15 @@
 """Where a task's time goes: the per-task CPU of ``ResilientTask`` over a plain task, profiled.
 
-    python benchmarks/hotpath.py [--tasks N] [--redis-url URL] [--top K]
+    python benchmarks/hotpath.py [--tasks N] [--redis-url URL] [--top K] [--retry-budget R]
 
 Runs N no-op deliveries of a plain task and of a ``ResilientTask`` on a closed breaker through
 Celery's own tracer (``build_tracer``: what a worker runs for each message, minus the broker),
 in this process, with ``acks_late`` and ``task_reject_on_worker_lost`` as the README recommends.
 Prints the CPU time per task of each (``time.process_time``), the difference, the Redis commands
 per task (``INFO commandstats`` of the resilience Redis), and the functions of the package (and
-of redis-py, when they are called) that take the most time under cProfile.
+of redis-py, when they are called) that take the most time under cProfile. ``--retry-budget``
+gives the breaker a retry budget: first attempts are counted in the window's existing buckets,
+so it costs a closed breaker's success path nothing more.
 
 It uses its own key prefix and deletes what it made.
 """
@@ -29,7 +31,7 @@ from celery.app.trace import build_tracer
 from celery_resilience import Resilience, ResilientTask
 
 
-def make_app(redis_url: str, prefix: str) -> Celery:
+def make_app(redis_url: str, prefix: str, retry_budget: float | None = None) -> Celery:
     app = Celery("hotpath", broker=redis_url, set_as_current=False)
     app.conf.update(
         task_ignore_result=True,
@@ -37,7 +39,9 @@ def make_app(redis_url: str, prefix: str) -> Celery:
         task_reject_on_worker_lost=True,
         resilience_redis_url=redis_url,
         resilience_key_prefix=prefix,
-        resilience_breakers={"bench": {}},
+        resilience_breakers={
+            "bench": {} if retry_budget is None else {"retry_budget": retry_budget}
+        },
     )
     return app
 
@@ -65,6 +69,21 @@ def commands(client: redis.Redis) -> int:
     return sum(int(v["calls"]) for k, v in stats.items() if k not in ("cmdstat_info",))
 
 
+class ClientCommands:
+    """Commands one client of this process sends (scripts included): a shared server's own
+    counts also hold every other client's."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.count = 0
+        send = client.execute_command
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.count += 1
+            return send(*args, **kwargs)
+
+        client.execute_command = counted  # type: ignore[method-assign]
+
+
 def cpu_per_task(run: Callable[[], None], count: int) -> float:
     started = time.process_time()
     run()
@@ -76,9 +95,10 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=20_000)
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/15")
     parser.add_argument("--top", type=int, default=12)
+    parser.add_argument("--retry-budget", type=float, default=None)
     args = parser.parse_args()
     prefix = f"bench-hot-{uuid.uuid4().hex[:8]}"
-    app = make_app(args.redis_url, prefix)
+    app = make_app(args.redis_url, prefix, args.retry_budget)
 
     @app.task(name="hot.plain", shared=False)
     def plain(i: int) -> None:
@@ -104,15 +124,21 @@ def main() -> None:
             deliveries(app, "hot.plain", plain, 200)()
         cpu: dict[str, float] = {}
         redis_commands: dict[str, float] = {}
+        own: dict[str, float] = {}
+        sent = ClientCommands(breaker._store().client)  # type: ignore[attr-defined]
         for name, run in runs.items():
-            before = commands(stats)
+            before, before_own = commands(stats), sent.count
             cpu[name] = cpu_per_task(run, n)
             redis_commands[name] = (commands(stats) - before - 1) / n
-        print(f"{n} deliveries each, acks_late, closed breaker, Redis {args.redis_url}")
+            own[name] = (sent.count - before_own) / n
+        budget = "" if args.retry_budget is None else f", retry_budget={args.retry_budget}"
+        print(f"{n} deliveries each, acks_late, closed breaker{budget}, Redis {args.redis_url}")
         print(f"  plain task       {cpu['plain']:8.1f} µs CPU/task")
         print(f"  ResilientTask    {cpu['resilient']:8.1f} µs CPU/task")
         print(f"  over plain       {cpu['resilient'] - cpu['plain']:+8.1f} µs CPU/task")
+        print(f"  ResilientTask / plain: {cpu['resilient'] / cpu['plain']:.3f}")
         print(f"  Redis commands per task over plain: {redis_commands['resilient']:+.3f}")
+        print(f"  of them sent by the breaker's client: {own['resilient']:.4f}")
 
         profiler = cProfile.Profile()
         profile_run = deliveries(app, "hot.resilient", resilient, n)

@@ -5,6 +5,7 @@ from .backout import ParkedTask
 from .breaker import Breaker, Permit
 from .drain import DrainReport
 from .errors import (
+    AccessDenied,
     BreakerOpen,
     BulkheadFull,
     ConfigurationError,
@@ -12,6 +13,7 @@ from .errors import (
     EntryNotFound,
     NotReplayable,
     ParkedTaskDead,
+    RateLimited,
     ResilienceError,
     StoreFull,
     StoreUnavailable,
@@ -21,13 +23,14 @@ from .errors import (
 from .resilience import Resilience
 from .task import ResilientTask
 
-__version__ = "0.1.0"
+__version__ = "0.4.0.dev0"
 
 # The package takes part in the worker's lifecycle (settings checked at start, fresh connections
 # in pool children, deferred records flushed at shutdown): installed once, here, for every app.
 worker.connect()
 
 __all__ = [
+    "AccessDenied",
     "Breaker",
     "BreakerOpen",
     "BulkheadFull",
@@ -39,6 +42,7 @@ __all__ = [
     "ParkedTask",
     "ParkedTaskDead",
     "Permit",
+    "RateLimited",
     "Resilience",
     "ResilienceError",
     "ResilientTask",

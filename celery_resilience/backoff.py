@@ -15,9 +15,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
+from email.utils import parsedate_to_datetime
 from random import random as _default_random
-from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from .errors import ConfigurationError
 
@@ -203,3 +204,62 @@ class DecorrelatedJitter:
     def max_delay(self) -> float:
         """The longest delay this strategy can return (seconds)."""
         return self.cap
+
+
+# -- what a failure says of its own retry -----------------------------------------------------
+#: Of a Retry-After, the share a retry's jitter may add on top (``at_least``): tasks told the
+#: same time spread over a tenth of it instead of all coming back at once.
+RETRY_AFTER_SPREAD = 0.1
+
+
+def retry_after(exc: BaseException | None, now: float) -> float | None:
+    """The least delay (seconds) before the call that raised ``exc`` may be made again, if it
+    says one: its ``retry_after`` attribute (seconds, a ``timedelta`` or an aware
+    ``datetime``), else the ``Retry-After`` header (seconds or an HTTP-date) of its
+    ``response`` (``requests.HTTPError``, ``httpx.HTTPStatusError``: read by duck typing,
+    neither library imported). ``now`` is epoch seconds, for a date. ``None`` when it says
+    nothing readable (a naive datetime, a negative or non-finite number, a malformed header);
+    a date already past is 0."""
+    if exc is None:
+        return None
+    value: Any = getattr(exc, "retry_after", None)
+    if value is None:
+        try:
+            value = exc.response.headers.get("Retry-After")  # type: ignore[attr-defined]
+        except Exception:  # no response, no headers: nothing said
+            return None
+    return _seconds(value, now)
+
+
+def _seconds(value: Any, now: float) -> float | None:
+    if isinstance(value, (bytes, str)):
+        text = value.decode("latin-1") if isinstance(value, bytes) else value
+        text = text.strip()
+        if text.isdigit():
+            value = int(text)
+        else:
+            try:
+                value = parsedate_to_datetime(text)
+            except (TypeError, ValueError, IndexError):
+                return None
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
+    if isinstance(value, datetime):
+        if value.tzinfo is None or value.utcoffset() is None:
+            return None  # a naive time names no moment
+        return max(0.0, value.timestamp() - now)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    seconds = float(value)
+    return seconds if math.isfinite(seconds) and seconds >= 0 else None
+
+
+def at_least(least: float | None, drawn: float) -> float:
+    """A retry's countdown when the failure asked for ``least`` seconds and the backoff drew
+    ``drawn``: never less than ``least``, the draw's jitter only adding (up to
+    ``RETRY_AFTER_SPREAD`` of ``least``), and the backoff itself when it is longer."""
+    if least is None:
+        return drawn
+    if drawn >= least:
+        return drawn
+    return least + min(drawn, least * RETRY_AFTER_SPREAD)

@@ -7,7 +7,7 @@ from typing import Any
 from celery import shared_task
 
 from . import maintenance
-from .backout.redis_keys import BackoutKeys
+from .backout.redis import BackoutKeys
 from .drain import status as drain_status
 from .redact import get_logger
 from .resilience import Resilience
@@ -19,7 +19,7 @@ logger = get_logger("celery_resilience.drain")
 FOLLOW_UP_EXPIRES = 30.0
 
 
-@shared_task(name="celery_resilience.drain", bind=True, ignore_result=False)  # type: ignore[untyped-decorator]
+@shared_task(name="celery_resilience.drain", bind=True, ignore_result=False)
 def drain(self: Any, breaker: str | None = None, limit: int | None = None) -> dict[str, Any]:
     """Replay what may go out now of breakers that admit calls, and return: run it from beat.
 

@@ -3,34 +3,37 @@
 Each finding says what to change. ``error`` where work would be lost (when a worker is
 killed, Redis restarts or fails over) or run twice, and ``celery resilience check`` exits 1;
 ``warning`` where a guarantee is weakened but nothing is lost (a task parked instead of waiting
-in the broker, dedup markers that may be evicted, an in-memory store meant for tests) or, for a
-version outside the tested matrix, was never checked. Run at worker start and by
-``celery -A proj resilience check``.
+in the broker, dedup markers that may be evicted, an in-memory store meant for tests) or where an
+installed version was never promised (``versions.py`` says which); ``info`` for news that asks
+for nothing (a newer minor release than the tested matrix), shown by ``check --verbose`` and
+never logged at worker start. Run at worker start and by ``celery -A proj resilience check``.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import redis
 
 from .backoff import max_delay
-from .backout.redis_keys import BackoutKeys
-from .config import broker_countdown_limit
-from .redact import get_logger, redact
+from .backout.redis import BackoutKeys
+from .config import CLAIM_LEASE_MARGIN, broker_countdown_limit
+from .config.limits import hard_limit, soft_limit
+from .redact import get_logger, masked_url
 from .redis_io import node_client, primaries
 from .runtime import Runtime
-from .versions import outside_matrix
+from .store_checks import settings_notes, store_notes
+from .versions import version_notes
 
 logger = get_logger("celery_resilience.checks")
 
 
 @dataclass(frozen=True)
 class Finding:
-    level: Literal["error", "warning"]
+    level: Literal["error", "warning", "info"]
     message: str
 
 
@@ -38,9 +41,10 @@ def run_checks(runtime: Runtime, tasks: Iterable[Any] = ()) -> list[Finding]:
     """Every finding for this app and its ``tasks`` (its ``ResilientTask`` instances); Redis that
     can't be reached is a finding too."""
     tasks = list(tasks)
-    findings = _settings(runtime) + _trust(runtime) + _tasks(runtime, tasks)
+    findings = _settings(runtime) + _warnings(settings_notes(runtime, tasks))
+    findings += _tasks(runtime, tasks)
     findings += _hang_bounds(runtime, tasks)
-    findings += [Finding("warning", note) for note in outside_matrix()]
+    findings += [Finding(note.level, note.message) for note in version_notes()]
     if runtime.config.in_memory:
         findings.append(
             Finding(
@@ -54,16 +58,24 @@ def run_checks(runtime: Runtime, tasks: Iterable[Any] = ()) -> list[Finding]:
     try:
         findings += _redis(runtime.redis)
         findings += _replicas(runtime)
+        findings += _warnings(store_notes(runtime))
     except redis.RedisError as exc:
-        url = redact(runtime.config.redis_url)
+        url = masked_url(runtime.config.redis_url)
         findings.append(
             Finding("error", f"Redis at resilience_redis_url ({url}) unreachable: {exc}")
         )
     return findings
 
 
+def _warnings(notes: list[str]) -> list[Finding]:
+    return [Finding("warning", note) for note in notes]
+
+
 def log_findings(findings: list[Finding]) -> None:
+    """Errors and warnings, each on its own line; news (``info``) is for ``check --verbose``."""
     for finding in findings:
+        if finding.level == "info":
+            continue
         level = logging.ERROR if finding.level == "error" else logging.WARNING
         logger.log(level, "celery-resilience check: %s", finding.message)
 
@@ -80,23 +92,6 @@ def _settings(runtime: Runtime) -> list[Finding]:
             f"holds a countdown safely ({limit:.0f}s: its visibility or consumer timeout): a "
             "retry that long is delivered twice. Lower resilience_max_countdown (or leave it "
             "unset).",
-        )
-    ]
-
-
-def _trust(runtime: Runtime) -> list[Finding]:
-    """Pickle in the store: whoever can write one entry runs code in every reader."""
-    if runtime.config.serializer != "pickle":
-        return []
-    signed = " (signing verifies an entry before it is unpickled: keep it on)"
-    return [
-        Finding(
-            "warning",
-            "resilience_serializer is 'pickle': every process that reads the back-out store "
-            "(drainer, CLI, Django admin) unpickles what it holds, so write access to that store "
-            "is code execution in them. Prefer 'json' or 'msgpack'"
-            + (signed if runtime.config.signing_keys else ", or set resilience_signing_key")
-            + ".",
         )
     ]
 
@@ -135,14 +130,48 @@ def _tasks(runtime: Runtime, tasks: Iterable[Any]) -> list[Finding]:
                 )
             )
         findings += _bulkhead_lease(runtime, task)
+        findings += _unbounded_claim(runtime, task)
     return findings
+
+
+def _unbounded_claim(runtime: Runtime, task: Any) -> list[Finding]:
+    """``deduplicate`` claims a task id for the hard time limit the worker applies, plus a
+    margin; without one, for ``resilience_dedup_lease``, which nothing holds the body to."""
+    if not task.deduplicate or hard_limit(task, None, runtime.worker):
+        return []
+    lease = runtime.config.dedup_lease
+    return [
+        Finding(
+            "warning",
+            f"{task.name} has deduplicate=True and no hard time limit"
+            f"{_unapplied(runtime)}: its claim on "
+            f"a task id lasts resilience_dedup_lease ({lease:.0f}s), so a body that runs "
+            "longer may run beside a second copy, and a worker lost whole (not a pool child) "
+            "holds the id that long. Set the task's time_limit option, the task_time_limit "
+            "setting or the worker's --time-limit flag (the claim then lasts it plus "
+            f"{CLAIM_LEASE_MARGIN:.0f}s), on a pool that applies it (prefork).",
+        )
+    ]
+
+
+def _unapplied(runtime: Runtime) -> str:
+    """What a finding about time limits adds: the worker's pool applies none, or this process
+    is no worker and can't see a worker's flags."""
+    worker = runtime.worker
+    if not worker.applied:
+        return " (this worker's pool, solo or threads, applies none)"
+    if not worker.in_worker:
+        return (
+            " of its own or in the app's settings (a worker's --time-limit or --soft-time-limit "
+            "flag applies to it too, and is not seen outside that worker)"
+        )
+    return ""
 
 
 def _hang_bounds(runtime: Runtime, tasks: Iterable[Any]) -> list[Finding]:
     """A guarded task whose call can hang with nothing to end it holds a pool slot for as long
     as the dependency hangs: it needs a time limit, or a client timeout it declares."""
     findings: list[Finding] = []
-    conf = runtime.app.conf
     for task in sorted(tasks, key=lambda t: str(t.name)):
         timeout = getattr(task, "call_timeout", None)
         if timeout is not None and (
@@ -153,16 +182,18 @@ def _hang_bounds(runtime: Runtime, tasks: Iterable[Any]) -> list[Finding]:
             )
         if task.breaker is None or timeout is not None:
             continue
-        if any(_task_option(task, conf, name) for name in ("soft_time_limit", "time_limit")):
+        if hard_limit(task, None, runtime.worker) or soft_limit(task, runtime.worker):
             continue
         findings.append(
             Finding(
                 "warning",
                 f"{task.name} calls through breaker {task.breaker!r} with neither a time limit "
-                "nor a declared client timeout: a dependency that hangs holds a pool slot until "
-                "it answers, and the breaker hears nothing meanwhile. Set soft_time_limit (the "
-                "task is then retried or parked and the breaker counts a failure), or give "
-                "the client a timeout and declare it with call_timeout=<seconds>.",
+                f"nor a declared client timeout{_unapplied(runtime)}: a "
+                "dependency that hangs holds a pool slot until it answers, and the breaker "
+                "hears nothing meanwhile. Set the task's soft_time_limit option, the "
+                "task_soft_time_limit setting or the worker's --soft-time-limit flag (the task "
+                "is then retried or parked and the breaker counts a failure), or give the "
+                "client a timeout and declare it with call_timeout=<seconds>.",
             )
         )
     return findings
@@ -170,15 +201,12 @@ def _hang_bounds(runtime: Runtime, tasks: Iterable[Any]) -> list[Finding]:
 
 def _bulkhead_lease(runtime: Runtime, task: Any) -> list[Finding]:
     """A call that outlives its bulkhead slot's lease loses the slot to another caller: the
-    limit then lets one call more through. The task's time limit bounds its call."""
+    limit then lets one call more through. The time limit the worker applies bounds its call."""
     if task.breaker is None:
         return []
     config = runtime.config.breaker(task.breaker)
-    conf = runtime.app.conf
-    bounds = [
-        getattr(task, n, None) or conf.get(f"task_{n}") for n in ("time_limit", "soft_time_limit")
-    ]
-    longest = max((float(b) for b in bounds if b), default=0.0)
+    bounds = [hard_limit(task, None, runtime.worker), soft_limit(task, runtime.worker)]
+    longest = max((b for b in bounds if b), default=0.0)
     if config.max_concurrent_calls is None or longest <= config.call_lease:
         return []
     return [
@@ -247,9 +275,13 @@ def _redis(client: redis.Redis) -> list[Finding]:
 def _node(client: redis.Redis) -> list[Finding]:
     findings: list[Finding] = []
     try:
-        config: dict[str, str] = client.config_get("maxmemory-policy")  # type: ignore[assignment]
-        config.update(client.config_get("appendonly"))  # type: ignore[arg-type]
-        config.update(client.config_get("save"))  # type: ignore[arg-type]
+        # redis-py types the reply loosely (sync or async); this client is the sync one.
+        config_get = cast(Callable[[str], dict[str, str]], client.config_get)
+        config = {
+            **config_get("maxmemory-policy"),
+            **config_get("appendonly"),
+            **config_get("save"),
+        }
     except redis.ResponseError:  # CONFIG disabled (managed Redis): nothing to look at
         return findings
     policy = config.get("maxmemory-policy", "noeviction")

@@ -51,6 +51,29 @@ class BulkheadFull(BreakerOpen):
         self.args = (f"breaker {breaker!r} is {state} but its bulkhead is full",)
 
 
+class RateLimited(ResilienceError):
+    """A breaker's ``rate_limit`` admits no more calls now, fleet-wide; ``retry_after`` is how
+    long (seconds, > 0) until this process may have its next slot.
+
+    Not a ``BreakerOpen``: the dependency is not judged down, so code that parks or backs off
+    on an open breaker does not take a rate limit for an outage; a task turned away by one
+    waits in the broker with no retry spent (``delivery/fate.py``)."""
+
+    def __init__(self, breaker: str, retry_after: float) -> None:
+        self.breaker = breaker
+        self.retry_after = retry_after
+        super().__init__(f"breaker {breaker!r} is over its rate limit, retry in {retry_after:.3f}s")
+
+    def __reduce__(self) -> tuple[type[RateLimited], tuple[str, float]]:
+        return (type(self), (self.breaker, self.retry_after))
+
+
+#: The errors by which a breaker refuses a call before the dependency is called (open, no probe
+#: slot, bulkhead full, over the rate limit, Redis unreachable with ``fail_closed``): what
+#: ``Breaker.call``'s ``fallback`` stands in for. A failure of the dependency itself is none.
+REFUSALS: tuple[type[ResilienceError], ...] = (BreakerOpen, RateLimited)
+
+
 class StoreUnavailable(ResilienceError):
     """Redis (or the configured store) could not be reached within its timeout."""
 
@@ -61,6 +84,11 @@ class NotReplicated(StoreUnavailable):
     def __init__(self, message: str, reply: Any) -> None:
         super().__init__(message)
         self.reply = reply
+
+
+class AccessDenied(StoreUnavailable):
+    """Redis refused a command to this process's user (``NOPERM``): no retry helps, its ACL
+    rules must change (or the work must go to a process whose user may do it)."""
 
 
 class StoreFull(ResilienceError):
@@ -112,14 +140,21 @@ class Unparkable(ResilienceError):
 
 
 class TaskIdClaimed(ResilienceError):
-    """Another delivery of this task id runs it now (``deduplicate=True``): this one may not run
-    before that one's claim ends, ``retry_after`` seconds from now at most. A worker keeps such a
-    delivery in the broker; an eager call raises this."""
+    """Another delivery of this task id runs it now (``deduplicate=True``), or of another task id
+    with its dedup ``key``: this one may not run before that one's claim ends, ``retry_after``
+    seconds from now at most. A worker keeps such a delivery in the broker; an eager call raises
+    this."""
 
-    def __init__(self, task_id: str, retry_after: float) -> None:
+    def __init__(self, task_id: str, retry_after: float, key: str = "") -> None:
         self.task_id = task_id
         self.retry_after = retry_after
-        super().__init__(f"task id {task_id!r} runs in another delivery, {retry_after:.3f}s more")
+        self.key = key
+        held = (
+            f"dedup key {key!r} of task id {task_id!r} is held"
+            if key
+            else f"task id {task_id!r} runs"
+        )
+        super().__init__(f"{held} in another delivery, {retry_after:.3f}s more")
 
-    def __reduce__(self) -> tuple[type[TaskIdClaimed], tuple[str, float]]:
-        return (type(self), (self.task_id, self.retry_after))
+    def __reduce__(self) -> tuple[type[TaskIdClaimed], tuple[str, float, str]]:
+        return (type(self), (self.task_id, self.retry_after, self.key))

@@ -18,6 +18,8 @@ from .redact import get_logger
 logger = get_logger("celery_resilience.events")
 #: Replay events sent in one message at most (a drain flushes at the end of each batch anyway).
 REPLAY_EVENT_BUFFER = 1000
+#: Seconds to wait for a connection of the app's pool before replays go unannounced.
+POOL_TIMEOUT = 5.0
 
 
 def parked_summary(entry: ParkedTask) -> str:
@@ -25,8 +27,9 @@ def parked_summary(entry: ParkedTask) -> str:
     return f"parked: reason={entry.reason} breaker={entry.breaker or '-'} entry={entry.id}"
 
 
-def send_task_parked(task: Any, entry: ParkedTask) -> None:
-    """``task-parked`` with reason, breaker, entry id and due time, for the current task.
+def send_task_parked(task: Any, entry: ParkedTask, error: str) -> None:
+    """``task-parked`` with reason, breaker, entry id and due time, for the current task;
+    ``error`` is what of the entry's error may leave the store (``resilience_error_text``).
 
     Flower keeps every field of the event but its API and pages show only Celery's task fields
     (``exception``, ``result``...), so the reason, breaker and entry id also go in ``result``.
@@ -41,7 +44,7 @@ def send_task_parked(task: Any, entry: ParkedTask) -> None:
             breaker=entry.breaker,
             entry_id=entry.id,
             due_at=entry.due_at,
-            exception=f"{entry.exc_type}: {entry.exc_message}" if entry.exc_type else "",
+            exception=error,
             result=parked_summary(entry),
             retry=False,
         )
@@ -78,6 +81,15 @@ class ReplayEvents:
         except Exception:
             logger.warning("Could not send task-replayed for %s", entry.task_id, exc_info=True)
 
+    def flush(self) -> None:
+        """Send what is buffered now (a drain's batch ended)."""
+        if self.dispatcher is None:
+            return
+        try:
+            self.dispatcher.flush()
+        except Exception:
+            logger.warning("Could not send task-replayed events", exc_info=True)
+
 
 @contextmanager
 def replay_dispatcher(app: Any, hostname: str | None = None) -> Iterator[ReplayEvents]:
@@ -87,8 +99,11 @@ def replay_dispatcher(app: Any, hostname: str | None = None) -> Iterator[ReplayE
     hostname: Flower takes the sender of a task event for a worker.
     """
     hostname = hostname or _worker_hostname()
+    connection = None
     try:
-        connection = app.connection_for_write()
+        # A connection of the app's pool: connected, its channel made, by an earlier drain of
+        # this process (a new connection costs a handful of round trips before the first event).
+        connection = app.pool.acquire(block=True, timeout=POOL_TIMEOUT)
         # Buffered: one ``task.multi`` message per batch instead of one per entry (Celery's
         # event receivers, Flower's included, unpack it). The final state does not depend on
         # the order: Celery's event state ranks SUCCESS above custom states like REPLAYED.
@@ -97,6 +112,8 @@ def replay_dispatcher(app: Any, hostname: str | None = None) -> Iterator[ReplayE
         )
     except Exception:
         logger.warning("Events unavailable: replays are not announced", exc_info=True)
+        if connection is not None:
+            connection.release()
         yield ReplayEvents(None)
         return
     try:

@@ -21,6 +21,11 @@ REJECTED_HEADER = "resilience_rejected"
 #: Header counting the times in a row a full bulkhead turned a delivery away unrun
 #: (``turned_away.py``): it describes one delivery's wait, never a parked entry's.
 TURNED_AWAY_HEADER = "resilience_turned_away"
+#: Set by the worker's main process on each delivery of a ``ResilientTask`` it hands to its pool,
+#: never published: the token under which the delivery claims its task id (``deduplicate``) and
+#: takes its bulkhead slot or probe, so that the main process can give them back when the pool
+#: child dies (``time_limits.py``). It describes one delivery, as ``redelivered`` does.
+DELIVERY_HEADER = "resilience_delivery"
 #: kombu's mark of a message the broker delivered before (in its headers, on a Redis broker): it
 #: describes one delivery, and a message published again from it is a first delivery.
 REDELIVERED_HEADER = "redelivered"
@@ -42,17 +47,31 @@ def _count(value: Any) -> int:
         return 0
 
 
-def request_header(request: Any, name: str) -> int:
-    """A count header of a task request (an attribute, or in ``request.headers``)."""
+def message_headers(request: Any) -> Mapping[str, Any]:
+    """A task request's ``headers`` if they are a mapping, else none: Celery's request stack
+    takes anything there (``task.apply(args, headers=123)``) and reads nothing from it."""
+    headers = getattr(request, "headers", None)
+    return headers if isinstance(headers, Mapping) else {}
+
+
+def request_header(request: Any, name: str) -> Any:
+    """Header ``name`` of a task request, ``None`` if absent: the package's one reader of them.
+
+    A worker lifts a message's own headers onto the request as attributes; ``apply()`` and a
+    nested call keep them in ``request.headers``, whatever that holds (see
+    :func:`message_headers`)."""
     value = getattr(request, name, None)
-    if value is None:
-        value = (getattr(request, "headers", None) or {}).get(name, 0)
-    return _count(value)
+    return message_headers(request).get(name) if value is None else value
+
+
+def request_count(request: Any, name: str) -> int:
+    """A count header of a task request (0 when absent or not a count)."""
+    return _count(request_header(request, name))
 
 
 def replays_of(request: Any) -> int:
     """How often this task was published again from the back-out store."""
-    return request_header(request, REPLAYS_HEADER)
+    return request_count(request, REPLAYS_HEADER)
 
 
 def rejected_replays(headers: Mapping[str, Any] | None) -> int:
@@ -66,12 +85,20 @@ def redelivered(request: Any) -> bool:
     first delivery can't be a poison loop, so only these are counted."""
     if (getattr(request, "delivery_info", None) or {}).get("redelivered"):
         return True
-    return bool((getattr(request, "headers", None) or {}).get(REDELIVERED_HEADER))
+    return bool(message_headers(request).get(REDELIVERED_HEADER))
+
+
+def delivery_token(request: Any) -> str:
+    """The token the worker's main process gave this delivery (``""``: none, an eager call)."""
+    if getattr(request, "is_eager", False):
+        return ""
+    return str(request_header(request, DELIVERY_HEADER) or "")
 
 
 def new_message_headers(headers: Mapping[str, Any] | None) -> dict[str, Any]:
     """The headers of a message published again from a delivery's (a retry, a kept copy)."""
-    return {k: v for k, v in (headers or {}).items() if k != REDELIVERED_HEADER}
+    of_delivery = (REDELIVERED_HEADER, DELIVERY_HEADER)
+    return {k: v for k, v in (headers or {}).items() if k not in of_delivery}
 
 
 def body_digest(

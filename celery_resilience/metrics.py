@@ -19,9 +19,10 @@ import redis
 
 from .backout.entry import STATUSES
 from .backout.store import NO_BREAKER, BackoutStore, Filter
+from .backout.trust import HELD_CODES
 from .breaker.types import STATES
 from .breaker_listing import Listing, listing
-from .drain.status import last_drained
+from .drain.status import last_drained, task_last_ran
 from .errors import ResilienceError
 from .redact import get_logger
 from .runtime import Runtime
@@ -38,6 +39,7 @@ class Facade(Protocol):
 
 PREFIX = "celery_resilience"
 _TRANSITIONS = ("opened", "half_opened", "closed")
+_BY_REASON = ["breaker", "reason"]
 
 
 def _tally(store: BackoutStore) -> dict[tuple[str, str], int]:
@@ -79,6 +81,7 @@ class ResilienceCollector:
             families += self._breakers(shown)
             families += self._backout(runtime, shown.names)
             families += self._ages(runtime)
+            families += self._held(runtime)
         except (ResilienceError, redis.RedisError) as exc:
             up = 0.0
             logger.warning("Metrics: %s", exc)
@@ -112,7 +115,40 @@ class ResilienceCollector:
         if last is not None:  # never drained: no sample, rather than a 1970 timestamp
             drained.add_metric([], last)
         found.append(drained)
+        beat = GaugeMetricFamily(
+            f"{PREFIX}_drain_task_last_run_timestamp_seconds",
+            "When the celery_resilience.drain task (sent by beat) last ran (Unix time); no "
+            "sample when it has not run for a week",
+        )
+        ran = task_last_ran(runtime)
+        if ran is not None:
+            beat.add_metric([], ran)
+        found.append(beat)
         return found
+
+    def _held(self, runtime: Runtime) -> list[Any]:
+        """Entries drains leave parked for a process that can read them, by reason: how many,
+        and how long the oldest has waited (0 for a reason with none, rather than no data)."""
+        from prometheus_client.core import GaugeMetricFamily
+
+        held = runtime.backout_store.held_entries()
+        count = GaugeMetricFamily(
+            f"{PREFIX}_held_entries",
+            "Entries drains leave parked for a process that can read them, by reason "
+            "(unknown_key: a key the drainer lacks; newer_format: a newer release's)",
+            labels=["reason"],
+        )
+        age = GaugeMetricFamily(
+            f"{PREFIX}_oldest_held_age_seconds",
+            "Seconds since the oldest held entry was parked, by reason; 0 when none is held",
+            labels=["reason"],
+        )
+        now = runtime.now() if held else 0.0
+        for code in sorted({*HELD_CODES, *held}):
+            number, oldest = held.get(code, (0, now))
+            count.add_metric([code], float(number))
+            age.add_metric([code], max(0.0, now - oldest) if number else 0.0)
+        return [count, age]
 
     def _breakers(self, shown: Listing) -> list[Any]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -141,6 +177,19 @@ class ResilienceCollector:
         in_flight = gauge(
             "breaker_calls_in_flight", "Calls holding a bulkhead slot, fleet-wide", ["breaker"]
         )
+        window_retries = gauge(
+            "breaker_window_retries", "Retries the retry budget granted in the window", ["breaker"]
+        )
+        refused = counter(
+            "breaker_retries_refused",
+            "Retries over the retry budget, parked (reason retry_budget)",
+            ["breaker"],
+        )
+        limited = counter(
+            "breaker_rate_limited",
+            "Calls over the breaker's rate_limit, turned away (a task waits in the broker)",
+            ["breaker"],
+        )
         derived = gauge(
             "derived_breakers",
             "Breakers named at call time, per family: with state, troubled, not shown one by one",
@@ -166,8 +215,11 @@ class ResilienceCollector:
             rejected.add_metric([name, "breaker_open"], snap["rejected_total"] - full)
             rejected.add_metric([name, "bulkhead_full"], full)
             in_flight.add_metric([name], snap["calls_in_flight"])
-        gauges = [state, window_calls, window_failures, consecutive, in_flight, derived]
-        return [*gauges, transitions, calls, rejected]
+            window_retries.add_metric([name], snap["window_retries"])
+            refused.add_metric([name], snap["retry_budget_refused_total"])
+            limited.add_metric([name], snap["rate_limited_total"])
+        gauges = [state, window_calls, window_failures, consecutive, in_flight, window_retries]
+        return [*gauges, derived, transitions, calls, rejected, refused, limited]
 
     def _backout(self, runtime: Runtime, shown: list[str]) -> list[Any]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -210,6 +262,9 @@ class ResilienceCollector:
             "retries": CounterMetricFamily(
                 f"{PREFIX}_retries_scheduled", "Retries scheduled with backoff", labels=["breaker"]
             ),
+            "fallbacks": CounterMetricFamily(
+                f"{PREFIX}_breaker_fallbacks", "Refused calls that fell back", labels=_BY_REASON
+            ),
             "unparkable": CounterMetricFamily(
                 f"{PREFIX}_unparkable",
                 "Tasks that failed after every park attempt was refused",
@@ -239,9 +294,13 @@ class ResilienceCollector:
 
 
 def serve(resilience: Facade | Runtime, port: int, addr: str = "127.0.0.1") -> Any:
-    """Serve ``/metrics`` for this app on ``addr:port`` in a background thread."""
-    from prometheus_client import CollectorRegistry, start_http_server
+    """Serve ``/metrics`` and ``/healthz`` for this app on ``addr:port`` in a background thread
+    (see :mod:`celery_resilience.metrics_server`); returns the server and its thread."""
+    from prometheus_client import CollectorRegistry, make_wsgi_app
 
+    from .metrics_server import serve as serve_http
+
+    runtime = resilience if isinstance(resilience, Runtime) else resilience.runtime
     registry = CollectorRegistry()
-    registry.register(ResilienceCollector(resilience))
-    return start_http_server(port, addr=addr, registry=registry)
+    registry.register(ResilienceCollector(runtime))
+    return serve_http(runtime, make_wsgi_app(registry), port, addr)

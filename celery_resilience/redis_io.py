@@ -30,16 +30,23 @@ from redis._parsers import Encoder
 from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode, ClusterPipeline, RedisCluster
 from redis.commands.core import Script
-from redis.exceptions import AskError, RedisClusterException
+from redis.exceptions import AskError, NoPermissionError, RedisClusterException
 from redis.retry import Retry
 from redis.sentinel import Sentinel
 
 from .config import RedisDeployment
 from .config.deployment import deployment
-from .errors import NotReplicated, StoreUnavailable
+from .errors import AccessDenied, NotReplicated, StoreUnavailable
 
 #: The shared prelude a script folder may hold, loaded before each of its scripts.
 PRELUDE = "_common.lua"
+
+# redis-py annotates more of itself with each release (``Sentinel`` from 8.2): what it may or may
+# not annotate is called through a name of a stated type, so that neither an annotation added
+# nor one removed changes what the type checker sees.
+_Sentinel: Callable[..., Any] = Sentinel
+_ClusterNode: Callable[..., Any] = ClusterNode
+_Encoder: Callable[..., Encoder] = Encoder
 
 
 def make_client(where: RedisDeployment | str, timeout: float, retry: bool = True) -> redis.Redis:
@@ -52,6 +59,8 @@ def make_client(where: RedisDeployment | str, timeout: float, retry: bool = True
     id). Without it, a command is sent once: the breaker's scripts count and grant probes, and
     one whose reply was lost may have run, so sending it again could count a failure twice or
     grant one probe too many. Timeouts are never retried on one server or a Sentinel's primary.
+    On a Sentinel, finding the primary asks each sentinel once per connection attempt: a
+    stalled sentinel costs a command a few ``timeout``s, never redis-py's retries.
     """
     target = where if isinstance(where, RedisDeployment) else deployment(where)
     attempts = Retry(NoBackoff(), 1 if retry else 0, supported_errors=(redis.ConnectionError,))
@@ -66,17 +75,21 @@ def make_client(where: RedisDeployment | str, timeout: float, retry: bool = True
     if target.kind == "cluster":
         return cast(redis.Redis, LazyCluster(target, options, attempts))
     if target.kind == "sentinel":
-        sentinel_kwargs = {k: v for k, v in common.items() if k.startswith("socket_")}
+        sentinel_kwargs: dict[str, Any] = {
+            k: v for k, v in common.items() if k.startswith("socket_")
+        }
+        # Each sentinel asked once per discovery, which moves on to the next sentinel by itself:
+        # with redis-py's default retry (10 tries, backoff up to 1 s, the sentinels' clients'
+        # own before redis-py 8.2), a stalled sentinel held every connection attempt for ~19 s.
+        sentinel_kwargs["retry"] = Retry(NoBackoff(), 0)
         sentinel_kwargs.update(target.options.get("sentinel_kwargs") or {})
-        sentinel = Sentinel(  # type: ignore[no-untyped-call]
+        sentinel = _Sentinel(
             list(target.nodes),
             sentinel_kwargs=sentinel_kwargs,
             min_other_sentinels=target.options.get("min_other_sentinels", 0),
         )
         primary = {"username": target.username, "password": target.password, "db": target.db}
-        master = sentinel.master_for(  # type: ignore[no-untyped-call]
-            target.master_name, retry=attempts, **{**primary, **options}
-        )
+        master = sentinel.master_for(target.master_name, retry=attempts, **{**primary, **options})
         return cast(redis.Redis, master)
     return redis.Redis.from_url(target.url, retry=attempts, **options)
 
@@ -94,10 +107,10 @@ def _cluster_errors() -> Iterator[None]:
 class _Cluster(RedisCluster):
     def execute_command(self, *args: Any, **kwargs: Any) -> Any:
         with _cluster_errors():
-            return super().execute_command(*args, **kwargs)  # type: ignore[no-untyped-call]
+            return cast(Any, super()).execute_command(*args, **kwargs)
 
     def pipeline(self, transaction: Any = None, shard_hint: Any = None) -> Any:
-        pipe = super().pipeline(transaction, shard_hint)  # type: ignore[no-untyped-call]
+        pipe = cast(Any, super()).pipeline(transaction, shard_hint)
         pipe.__class__ = _Pipeline  # the same object; only its execute translates errors
         return pipe
 
@@ -117,7 +130,7 @@ class LazyCluster:
     """
 
     def __init__(self, target: RedisDeployment, options: dict[str, Any], retry: Retry) -> None:
-        nodes = [ClusterNode(h, p) for h, p in target.nodes]  # type: ignore[no-untyped-call]
+        nodes = [_ClusterNode(h, p) for h, p in target.nodes]
         credentials = {"username": target.username, "password": target.password}
         kwargs = {**credentials, "ssl": target.ssl, **options}
         self._make: Callable[[], RedisCluster] = lambda: _Cluster(
@@ -136,7 +149,7 @@ class LazyCluster:
 
     def get_encoder(self) -> Encoder:
         """What a ``Script`` hashes its source with, before any node was asked anything."""
-        return Encoder("utf-8", "strict", False)  # type: ignore[no-untyped-call]
+        return _Encoder("utf-8", "strict", False)
 
     def register_script(self, script: str) -> Script:
         return Script(cast(Any, self), script)
@@ -212,7 +225,7 @@ def call_replicated(
         with node.pipeline(transaction=False) as pipe:
             script(keys, args, client=pipe)
             wait = ("WAIT", replicas, max(1, round(timeout * 1000)))
-            pipe.execute_command(*wait)  # type: ignore[no-untyped-call]
+            cast(Any, pipe).execute_command(*wait)
             reply, acknowledged = pipe.execute()
     except AskError:  # MOVED or ASK: the slot has moved; read the slot map before the next try
         if isinstance(client, LazyCluster):
@@ -230,9 +243,12 @@ def call_replicated(
 
 @contextmanager
 def unavailable(what: str) -> Iterator[None]:
-    """Turn any Redis error raised inside into ``StoreUnavailable("<what> unavailable: ...")``."""
+    """Turn any Redis error raised inside into ``StoreUnavailable("<what> unavailable: ...")``;
+    a command refused to this process's Redis user into :class:`AccessDenied`."""
     try:
         yield
+    except NoPermissionError as exc:
+        raise AccessDenied(f"{what}: Redis refused this process's user (NOPERM): {exc}") from exc
     except (redis.RedisError, RedisClusterException) as exc:
         raise StoreUnavailable(f"{what} unavailable: {exc}") from exc
 

@@ -100,10 +100,10 @@ class Resilience:
         return Drainer(self._runtime, progress=progress).run(breaker, limit)
 
     def drain_once(self, breaker: str | None = None, limit: int | None = None) -> DrainReport:
-        """Replay what may go out now and return without waiting (beat's drain task): no more
-        than the replays' queues have room for, the slow start after a close and the rate
-        ceiling allow. ``report.next_in`` says when another pass has work."""
-        return Drainer(self._runtime).step(breaker, limit)
+        """One pass (beat's drain task): replay what may go out now and return without waiting:
+        no more than the replays' queues have room for, the slow start after a close and the
+        rate ceiling allow. ``report.next_in`` says when another pass has work."""
+        return Drainer(self._runtime).drain_once(breaker, limit)
 
     def replay(self, entry_id: str) -> ParkedTask:
         """Publish one parked entry now, whatever its breaker says."""

@@ -26,15 +26,18 @@ from .backout.memory import MemoryBackoutStore
 from .backout.redis import BackoutKeys, RedisBackoutStore
 from .backout.store import BackoutStore, counter_scope
 from .breaker.breaker import Breaker, TransitionListener
+from .breaker.fallback import FallbackTally
 from .breaker.health import RedisHealth
 from .breaker.knowledge import Knowledge
 from .breaker.memory import MemoryBreakerStore
 from .breaker.permit import Admission
 from .breaker.redis import RedisBreakerStore
-from .breaker.store import BreakerStore, Delivery, DeliveryGuard
+from .breaker.store import BreakerStore, DeliveryGuard, DeliveryQuestions
 from .config import ResilienceConfig, backout_store_factory, derived_name
+from .config.limits import WorkerLimits
 from .errors import StoreUnavailable
 from .events import send_breaker_event
+from .fleet import Fleet
 from .redact import get_logger
 from .redis_io import make_client, redis_time
 from .trouble import TroubleLog
@@ -88,10 +91,11 @@ class Runtime:
         #: Send Flower-visible events for breaker transitions (off in tests that don't care).
         self.send_events = True
         self.transition_listeners: list[TransitionListener] = [self._send_transition_event]
-        #: Failures to park, and to publish a retry, logged once per cause (their own loggers).
+        #: Failures to park, to publish a retry, to drain: logged once per cause (own loggers).
         self.park_trouble = TroubleLog(get_logger("celery_resilience.park"), "parking")
         self.retry_trouble = TroubleLog(get_logger("celery_resilience.task"), "publishing retries")
         self.clock_trouble = TroubleLog(logger, "Redis TIME")
+        self.drain_trouble = TroubleLog(get_logger("celery_resilience.drain"), "draining", False)
         self._fixed_breaker_store = breaker_store
         self._fixed_backout = backout
         self._backout: BackoutStore | None = None
@@ -103,8 +107,24 @@ class Runtime:
         self._pid = -1
         self._client: redis.Redis | None = None
         self._breaker_store: BreakerStore | None = None
+        #: Fallbacks of ``Breaker.call`` counted for the metrics, in the store's counters.
+        self.fallbacks = FallbackTally(
+            lambda counts: self.backout_store.bump(counts),  # noqa: PLW0108 - made on first use
+            lambda name: counter_scope(name, self.config.family_of),
+        )
         #: What this process knows of the breakers between round trips (one watch for all).
         self.knowledge = Knowledge(lambda: self.breaker_store, self.config.family_of)
+        #: The time limits of the worker this process serves (set at its start, inherited by
+        #: its pool's children): what a task without limits of its own runs under.
+        self.worker = WorkerLimits()
+        #: The fleet's recorded minimum version: which envelope entries are written in.
+        self.fleet = Fleet(
+            None if self.config.in_memory else (lambda: self.redis), self.config.key_prefix
+        )
+
+    def codec(self) -> Codec:
+        """The codec of this app's settings, writing the envelope the fleet reads."""
+        return Codec.of(self.config, envelope=self.fleet.envelope)
 
     @classmethod
     def for_app(cls, app: Any) -> Runtime:
@@ -134,7 +154,7 @@ class Runtime:
                 self._backout = self._fixed_backout or MemoryBackoutStore(
                     max_entries=config.backout_max_entries,
                     dead_ttl=config.dead_ttl,
-                    codec=Codec.of(config),
+                    codec=self.codec(),
                 )
                 self._fixed_breaker_store, self._fixed_backout = self._breaker_store, self._backout
                 self._scope_counters()
@@ -153,7 +173,7 @@ class Runtime:
                 or RedisBackoutStore(
                     self._client,
                     config.key_prefix,
-                    codec=Codec.of(config),
+                    codec=self.codec(),
                     max_entries=config.backout_max_entries,
                     dead_ttl=config.dead_ttl,
                     # WAIT must answer before the socket times out: half the timeout each.
@@ -245,6 +265,7 @@ class Runtime:
                         self.transition_listeners,
                         self.knowledge,
                         base=base,
+                        fallbacks=self.fallbacks.count,
                     )
                     if base is None:
                         self._breakers[name] = breaker
@@ -256,8 +277,11 @@ class Runtime:
 
     def flush(self) -> None:
         """Send every breaker's deferred successes now (worker shutdown), the ones held back on
-        derived breakers with their family's refresh."""
-        for breaker in list(self._breakers.values()):
+        derived breakers with their family's refresh, and the calls each breaker's rate limit
+        turned away here since its last lease (derived breakers' too)."""
+        with self._lock:
+            breakers = [*self._breakers.values(), *self._derived.values()]
+        for breaker in breakers:
             breaker.flush()
         for base in self.knowledge.families_holding_successes():
             self.refresh_family(base)
@@ -280,7 +304,7 @@ class Runtime:
         return sorted(names)
 
     # -- the delivery guard, for tasks without a breaker -------------------------------------
-    def deliver(self, scope: str | None, delivery: Delivery) -> Admission:
+    def deliver(self, scope: str | None, delivery: DeliveryQuestions) -> Admission:
         """The delivery questions of a task without a breaker (one round trip)."""
         try:
             deliveries, skip, wait_us = self.guard.deliver(scope, delivery)
@@ -290,20 +314,27 @@ class Runtime:
         claim = delivery.claim if delivery.claims and not skip else ""
         return Admission(None, None, deliveries, skip, claim=claim, wait=wait_us / 1e6)
 
-    def mark_done(self, scope: str | None, task_id: str) -> None:
-        """Remember that ``task_id`` succeeded (``deduplicate=True``); it replaces the claim."""
+    def mark_done(self, scope: str | None, task_id: str, key: str = "") -> None:
+        """Remember that ``task_id`` (or its dedup ``key``) succeeded (``deduplicate``); it
+        replaces the claim."""
         try:
-            self.guard.mark_done(scope, task_id, int(self.config.dedup_ttl))
+            self.guard.mark_done(scope, task_id, int(self.config.dedup_ttl), key)
         except redis.RedisError as exc:
             self.health.failed(scope or "-", exc)
 
-    def unclaim(self, scope: str | None, task_id: str, claim: str) -> None:
-        """Give back this delivery's claim on ``task_id``: it did not succeed (``deduplicate``).
-        If Redis can't be told, the claim's lease ends it."""
+    def unclaim(self, scope: str | None, task_id: str, claim: str, key: str = "") -> None:
+        """Give back this delivery's claim on ``task_id`` (or its dedup ``key``): it did not
+        succeed (``deduplicate``). If Redis can't be told, the claim's lease ends it."""
         try:
-            self.guard.unclaim(scope, task_id, claim)
+            self.guard.unclaim(scope, task_id, claim, key)
         except redis.RedisError as exc:
             self.health.failed(scope or "-", exc)
+
+    def claim_left(self, scope: str | None, task_id: str, key: str = "") -> float:
+        """Seconds until the claim a delivery holds on ``task_id`` (or ``key``) ends at the
+        latest (0: none held): a delivery of the id waits in the broker for it."""
+        end = self.guard.claim_end(scope, task_id, key)
+        return max(0.0, end / 1e6 - self.now()) if end else 0.0
 
     # -- counters and clock -------------------------------------------------------------------
     def count_retry(self, breaker: str | None) -> None:

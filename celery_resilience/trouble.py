@@ -11,7 +11,22 @@ that bookkeeping to a caller with log lines of its own (the breakers' Redis outa
 from __future__ import annotations
 
 import logging
+import os
 import threading
+import weakref
+
+#: Every TroubleLog of the process, for :func:`_forked`.
+_every: weakref.WeakSet[TroubleLog] = weakref.WeakSet()
+
+
+def _forked() -> None:
+    # A fork copies a lock as the parent's threads left it: one held at that instant by another
+    # thread would stay held in the child, and its first failure would wait forever.
+    for log in list(_every):
+        log._lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 class TroubleLog:
@@ -24,6 +39,7 @@ class TroubleLog:
         self._causes: set[str] = set()
         self._failures = 0
         self._lock = threading.Lock()
+        _every.add(self)
 
     def first(self, exc: BaseException) -> bool:
         """Count a failure; whether it is the first of its cause (of any cause, unless

@@ -1,31 +1,67 @@
-"""The versions the suite runs on (tox's ``oldest`` and ``newest`` corners), and which of the
-installed ones lie outside them.
+"""The versions the suite runs on, and what ``check`` says of the installed ones.
 
-A declared lower bound that no run ever tried is a promise nobody checked: ``celery resilience
-check`` says when this process runs on a version outside the tested matrix, so a team pinned to
-an old Celery hears it before an outage does. Only the minor version counts (a patch release is
-taken as tested); the Django packages count only where installed.
+The policy a team can live with: a warning only where something is known to be wrong or was
+never promised (a version below the declared floor, a major version above the newest tested, a
+version with a defect the docs name); a newer minor or patch release than the tested matrix is
+news, not a warning (``celery resilience check --verbose`` and ``status`` show it), so that a
+dependency's routine release does not raise a warning at every worker start. Only the minor
+version counts against the matrix (a patch release is taken as tested); the Django packages
+count only where installed.
+
+:data:`TESTED` is written by ``scripts/upgrade-deps`` from the lock files the suite installs
+(``requirements/oldest.txt`` and ``requirements/newest.txt``); a test holds it to them.
 """
 
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from importlib import metadata
+from typing import Literal
 
 Minor = tuple[int, int]
 
-#: Distribution -> (oldest, newest) minor version the suite runs on; keep in step with tox.ini,
-#: README.md and docs/index.rst.
+#: Distribution -> (oldest, newest) minor version the suite runs on: the locked corners.
 TESTED: dict[str, tuple[Minor, Minor]] = {
     "python": ((3, 10), (3, 13)),
     "celery": ((5, 4), (5, 7)),
     "kombu": ((5, 3), (5, 7)),
-    "redis": ((6, 4), (8, 1)),
+    "redis": ((6, 4), (8, 2)),
     "django": ((4, 2), (5, 2)),
     "django-celery-results": ((2, 5), (2, 6)),
 }
 #: Needed by the package: a missing one is not this module's to report.
 REQUIRED = frozenset({"python", "celery", "kombu", "redis"})
+
+
+@dataclass(frozen=True)
+class Defect:
+    """Versions of ``name`` below ``fixed_in`` have a defect the docs name (operations page,
+    "Versions"): ``why`` says what it does to an app."""
+
+    name: str
+    fixed_in: Minor
+    why: str
+
+
+#: Known defects, each with the release that fixed it: the reason a floor is where it is.
+DEFECTS: tuple[Defect, ...] = (
+    Defect(
+        "redis",
+        (6, 4),
+        "its pub/sub lock is not reentrant, and Celery before 5.7 re-enters it when a dropped "
+        "AsyncResult is collected during a subscribe (celery/celery#10477): a process that "
+        "publishes tasks and reads results on a Redis result backend can hang for good",
+    ),
+)
+
+
+@dataclass(frozen=True)
+class VersionNote:
+    """What ``check`` says of one installed version: ``warning`` or ``info`` (news only)."""
+
+    level: Literal["warning", "info"]
+    message: str
 
 
 def minor(version: str) -> Minor | None:
@@ -46,21 +82,59 @@ def installed(name: str) -> str | None:
         return None
 
 
-def outside_matrix(found: dict[str, str | None] | None = None) -> list[str]:
-    """One sentence per installed version outside :data:`TESTED` (``found``: tests only)."""
+def _text(version: Minor) -> str:
+    return f"{version[0]}.{version[1]}"
+
+
+def version_notes(found: dict[str, str | None] | None = None) -> list[VersionNote]:
+    """One note per installed version that is not plainly inside :data:`TESTED` (``found``:
+    name -> version, for tests; default: what is installed)."""
     found = found if found is not None else {name: installed(name) for name in TESTED}
     notes = []
     for name, (oldest, newest) in TESTED.items():
         version = found.get(name)
         if version is None:
             continue
-        have = minor(version)
-        if have is not None and oldest <= have <= newest:
-            continue
-        tested = f"{oldest[0]}.{oldest[1]} to {newest[0]}.{newest[1]}"
-        side = "older than" if have is not None and have < oldest else "outside"
-        notes.append(
-            f"{name} {version} is {side} the versions the suite runs on ({tested}): it may "
-            "work, but nothing checked it. Use a tested version, or run the suite on yours."
-        )
+        note = _note(name, version, minor(version), oldest, newest)
+        if note is not None:
+            notes.append(note)
     return notes
+
+
+def _note(
+    name: str, version: str, have: Minor | None, oldest: Minor, newest: Minor
+) -> VersionNote | None:
+    tested = f"{_text(oldest)} to {_text(newest)}"
+    if have is None:
+        return VersionNote(
+            "warning",
+            f"{name} {version} is not a numbered release: nothing checked it (the suite runs "
+            f"on {tested}). Use a release, or run the suite on yours.",
+        )
+    for defect in DEFECTS:
+        if defect.name == name and have < defect.fixed_in:
+            return VersionNote(
+                "warning",
+                f"{name} {version} is older than {_text(defect.fixed_in)}: {defect.why}. "
+                f"Upgrade {name} (the suite runs on {tested}).",
+            )
+    if have < oldest:
+        return VersionNote(
+            "warning",
+            f"{name} {version} is older than the oldest version the package supports "
+            f"({_text(oldest)}; the suite runs on {tested}). Upgrade {name}.",
+        )
+    if have[0] > newest[0]:
+        return VersionNote(
+            "warning",
+            f"{name} {version} is a major version above the newest tested ({_text(newest)}; "
+            f"the suite runs on {tested}): it may change what the package relies on. Run the "
+            "suite on it before an outage does.",
+        )
+    if have > newest:
+        return VersionNote(
+            "info",
+            f"{name} {version} is newer than the newest tested ({_text(newest)}): a minor "
+            "release, expected to work; the next upgrade of the tested matrix will cover it.",
+        )
+    return None

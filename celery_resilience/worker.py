@@ -21,7 +21,9 @@ from celery.signals import (
     worker_shutdown,
 )
 
+from . import remote  # noqa: F401  (registers the remote control command workers answer)
 from .checks import log_findings, run_checks
+from .config.limits import WorkerLimits
 from .errors import ConfigurationError
 from .redact import get_logger
 from .runtime import Runtime, all_runtimes
@@ -40,22 +42,35 @@ def connect() -> None:
 
 
 def _validate(sender: Any = None, **_: Any) -> None:
-    """Bad settings stop the worker at start, with the setting's name, not at the first task."""
+    """Bad settings stop the worker at start, with the setting's name, not at the first task.
+    The worker's own time limits (its command line) are kept for its tasks: its pool's
+    children, forked after this, inherit them."""
     app = getattr(sender, "app", None)
     if app is None:
         return
     try:
-        Runtime.for_app(app)
+        runtime = Runtime.for_app(app)
     except ConfigurationError as exc:
         logger.critical("celery-resilience: %s", exc)
         # SystemExit passes through Celery's signal dispatch (it catches Exception only).
         raise SystemExit(f"celery-resilience: {exc}") from exc
+    runtime.worker = WorkerLimits.of(sender)
 
 
 def _check(sender: Any = None, **_: Any) -> None:
     app = getattr(sender, "app", None)
     if app is not None:
-        log_findings(run_checks(Runtime.for_app(app), resilient_tasks(app)))
+        runtime = Runtime.for_app(app)
+        _report_version(runtime, getattr(sender, "hostname", None) or "worker")
+        log_findings(run_checks(runtime, resilient_tasks(app)))
+
+
+def _report_version(runtime: Runtime, hostname: str) -> None:
+    """Say in Redis which version this worker runs (``celery resilience fleet`` shows it)."""
+    try:
+        runtime.fleet.report(hostname)
+    except Exception:  # a report must never stop a worker: Redis may be away at start
+        logger.warning("Could not report this worker's version to Redis", exc_info=True)
 
 
 def _reconnect(**_: Any) -> None:

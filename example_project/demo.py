@@ -253,6 +253,7 @@ class Watch:
         self.breaker = self.resilience.breaker(BREAKER)
         self.gateway = gateway
         self.ids: list[int] = []
+        self.task_ids: dict[int, str] = {}  # order -> its charge's task id
 
     def sample(self) -> dict[str, Any]:
         from django.db.models import Count, Q
@@ -276,7 +277,8 @@ class Watch:
         }
 
 
-def submit(app: Any, count: int, rng: random.Random) -> list[int]:
+def submit(app: Any, count: int, rng: random.Random) -> dict[int, str]:
+    """Place ``count`` orders and send their charges: order -> the charge's task id."""
     from orders.models import Order
     from orders.tasks import charge_order
 
@@ -284,9 +286,10 @@ def submit(app: Any, count: int, rng: random.Random) -> list[int]:
         Order(amount=Decimal(rng.randrange(500, 20000)) / 100) for _ in range(count)
     )
     with app.producer_or_acquire() as producer:
-        for order in orders:
-            charge_order.apply_async((order.pk,), producer=producer)
-    return [order.pk for order in orders]
+        return {
+            order.pk: charge_order.apply_async((order.pk,), producer=producer).id
+            for order in orders
+        }
 
 
 def run(args: argparse.Namespace, procs: Processes, workdir: Path) -> int:
@@ -300,7 +303,11 @@ def run(args: argparse.Namespace, procs: Processes, workdir: Path) -> int:
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "shop.settings",
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])),
+        # The shop, and the package of the checkout the demo runs from (as the demo itself
+        # imports it), whatever else is installed.
+        "PYTHONPATH": os.pathsep.join(
+            filter(None, [str(HERE), str(HERE.parent), os.environ.get("PYTHONPATH")])
+        ),
         "SHOP_DB_PATH": str(workdir / "shop.sqlite3"),
         "SHOP_BROKER_URL": redis_url,
         "SHOP_KEY_PREFIX": args.prefix,
@@ -336,7 +343,7 @@ def run(args: argparse.Namespace, procs: Processes, workdir: Path) -> int:
         f"{args.down_after:g}s in, for {args.down_for:g}s ({args.outage})."
     )
     watch = Watch(app, gateway)
-    result = live(args, app, watch, gateway, procs)
+    result = live(args, app, watch, gateway, procs, worker.pid)
     ledger(result, time.monotonic() - started)
     ok = result["lost"] == 0 and result["duplicated"] == 0
     if not ok:
@@ -353,7 +360,9 @@ def stay_up(app: Any, procs: Processes, env: dict[str, str], flower_url: str) ->
     services.admin_url = serve.start_admin(procs, env, free_port())
     services.password = serve.create_superuser()
     rng = random.Random()
-    ids = serve.park_orders(app, lambda count: submit(app, count, rng), serve.PARKED_TO_EXPLORE)
+    ids = serve.park_orders(
+        app, lambda count: list(submit(app, count, rng)), serve.PARKED_TO_EXPLORE
+    )
     serve.wait_until_it_answers(procs, "admin", f"{services.admin_url}/admin/login/")
     serve.wait_until_it_answers(procs, "flower", f"{flower_url}/healthcheck")
     serve.print_services(services, env, ids, HERE)
@@ -371,12 +380,14 @@ def live(
     watch: Watch,
     gateway: GatewayProcess,
     procs: Processes,
+    worker_pid: int,
 ) -> dict[str, Any]:
     rng = random.Random(args.seed)
     say()
     say(HEADER)
     t0 = time.monotonic()
     gateway_state, outage_done = "up", False
+    killer = ChildKiller(args, worker_pid, rng)
     last_state = "closed"
     next_line = 0.0
     all_in_at: float | None = None
@@ -384,7 +395,9 @@ def live(
         now = time.monotonic() - t0
         due = min(args.orders, int(now * args.rate) + 1)
         if due > len(watch.ids):
-            watch.ids += submit(app, due - len(watch.ids), rng)
+            sent = submit(app, due - len(watch.ids), rng)
+            watch.ids += sent
+            watch.task_ids.update(sent)
         if not outage_done and gateway_state == "up" and now >= args.down_after:
             gateway.down(args.outage)
             gateway_state = "DOWN"
@@ -393,6 +406,7 @@ def live(
             gateway.up()
             gateway_state, outage_done = "up", True
             say(f"  {now:5.1f}s  >>> gateway back UP")
+        killer.tick(now)
         if now >= next_line:
             next_line += args.interval
             s = watch.sample()
@@ -429,6 +443,30 @@ def live(
     return settle_ledger(watch, time.monotonic() - t0)
 
 
+class ChildKiller:
+    """``--kill-children``: SIGKILL the worker's pool children one at a time, spread over the
+    outage, as the OOM killer would (a child running a charge has it requeued)."""
+
+    def __init__(self, args: argparse.Namespace, worker_pid: int, rng: random.Random) -> None:
+        step = args.down_for / (args.kill_children + 1)
+        self.due = [args.down_after + step * (k + 1) for k in range(args.kill_children)]
+        self.worker_pid, self.rng = worker_pid, rng
+
+    def tick(self, now: float) -> None:
+        if not self.due or now < self.due[0]:
+            return
+        self.due.pop(0)
+        children: set[int] = set()
+        for task in Path(f"/proc/{self.worker_pid}/task").glob("*"):
+            with suppress(OSError, ValueError):
+                children.update(int(pid) for pid in (task / "children").read_text().split())
+        if children:
+            pid = self.rng.choice(sorted(children))
+            with suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            say(f"  {now:5.1f}s  >>> pool child {pid} killed (SIGKILL)")
+
+
 def settle_ledger(watch: Watch, elapsed: float) -> dict[str, Any]:
     from orders.models import Order
 
@@ -443,11 +481,15 @@ def settle_ledger(watch: Watch, elapsed: float) -> dict[str, Any]:
         map(str, Order.objects.filter(status=Order.Status.CHARGED).values_list("id", flat=True))
     )
     ids = [str(i) for i in watch.ids]
-    once = [i for i in ids if charges.get(i, 0) == 1]
-    twice = [i for i in ids if charges.get(i, 0) >= 2]
-    charged = {i for i in ids if charges.get(i, 0) >= 1}
-    parked = [i for i in ids if i not in charged and i in in_store]
-    lost = [i for i in ids if i not in charged and i not in in_store]
+    claims = {  # orders neither charged nor parked whose charge waits for a claim on its id
+        str(i): left
+        for i in watch.ids
+        if charges.get(str(i), 0) == 0 and str(i) not in in_store
+        if (left := watch.resilience.runtime.claim_left(BREAKER, watch.task_ids[i])) > 0
+    }
+    tally = classify(ids, charges, in_store, claims)
+    once, twice, charged = tally["once"], tally["twice"], tally["charged"]
+    parked, waiting, lost = tally["parked"], tally["waiting"], tally["lost"]
     stats = watch.resilience.runtime.backout_store.stats()
     reasons = Counter(
         {k.split("|")[2]: int(v) for k, v in stats.items() if k.startswith(f"parked|{BREAKER}|")}
@@ -460,6 +502,8 @@ def settle_ledger(watch: Watch, elapsed: float) -> dict[str, Any]:
         "duplicated_ids": twice[:10],
         "parked": len(parked),
         "dead": watch.resilience.backout.count(BREAKER, "dead"),
+        "waiting": len(waiting),
+        "waiting_left": max((claims[i] for i in waiting), default=0.0),
         "lost": len(lost),
         "lost_ids": lost[:10],
         "failed": len([i for i in lost if i in failed]),
@@ -475,6 +519,24 @@ def settle_ledger(watch: Watch, elapsed: float) -> dict[str, Any]:
     }
 
 
+def classify(
+    ids: list[str], charges: dict[str, int], in_store: set[str], claims: dict[str, float]
+) -> dict[str, Any]:
+    """Where each order ended, from the gateway's charges, the back-out store and the claims
+    held on task ids (order -> seconds left): charged (once, twice), parked, waiting in the
+    broker for a claim to end (another delivery of its task id holds it), or lost."""
+    charged = {i for i in ids if charges.get(i, 0) >= 1}
+    rest = [i for i in ids if i not in charged]
+    return {
+        "charged": charged,
+        "once": [i for i in ids if charges.get(i, 0) == 1],
+        "twice": [i for i in ids if charges.get(i, 0) >= 2],
+        "parked": [i for i in rest if i in in_store],
+        "waiting": [i for i in rest if i not in in_store and claims.get(i, 0) > 0],
+        "lost": [i for i in rest if i not in in_store and claims.get(i, 0) <= 0],
+    }
+
+
 def ledger(r: dict[str, Any], duration: float) -> None:
     reasons = ", ".join(f"{k} {v}" for k, v in r["reasons"].most_common()) or "-"
     rows = [
@@ -482,7 +544,13 @@ def ledger(r: dict[str, Any], duration: float) -> None:
         ("charged exactly once", r["once"], "the gateway's ledger: one charge for the order id"),
         ("charged twice or more", r["duplicated"], " ".join(r["duplicated_ids"])),
         ("parked", r["parked"], f"not charged yet, safe in the back-out store ({r['dead']} dead)"),
-        ("lost", r["lost"], "neither charged nor parked " + " ".join(r["lost_ids"])),
+        (
+            "waiting",
+            r["waiting"],
+            "in the broker: another delivery of the task id holds its claim, "
+            f"{r['waiting_left']:.0f} s left at most",
+        ),
+        ("lost", r["lost"], "neither charged, parked nor waiting " + " ".join(r["lost_ids"])),
         ("failed", r["failed"], "of the lost: a Celery FAILURE (non-transient error)"),
         ("breaker opened", r["opened"], "times (opened_total of the shared breaker)"),
         ("calls hung", r["hung"], "never answered by the gateway: ended by the time limit"),
@@ -527,6 +595,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "hang: it accepts connections and never answers (the time limit and the bulkhead at work)",
     )
     parser.add_argument("--latency", type=float, default=0.005, help="gateway seconds per charge")
+    parser.add_argument(
+        "--kill-children",
+        type=int,
+        default=0,
+        help="SIGKILL this many of the worker's pool children during the outage, as the OOM "
+        "killer would: their charges are requeued and run again (0)",
+    )
     parser.add_argument("--deadline", type=float, default=75.0, help="give up after (75 s)")
     parser.add_argument("--settle", type=float, default=2.5, help="watch after the last charge")
     parser.add_argument("--interval", type=float, default=0.5, help="seconds between lines")

@@ -6,28 +6,26 @@ only the keys under their own prefix; they never flush a database.
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import NoReturn
 
 import pytest
 import redis
 
 from celery_resilience.contrib.pytest import delete_prefix
+from tests.support.services import REDIS_URL
 
-pytest_plugins = ("pytester", "tests.support.kinds")
-
-REDIS_URL = os.environ.get("RESILIENCE_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
-
-
-def service_missing(why: str) -> NoReturn:
-    """A service a test needs is missing: a skip on a contributor's machine, a failure in CI
-    (``CI`` set), which starts every service the suite uses."""
-    if os.environ.get("CI"):
-        pytest.fail(why)
-    pytest.skip(why)
+pytest_plugins = (
+    "pytester",
+    "tests.support.kinds",
+    "tests.support.worker_world",
+    "tests.support.cli",
+    "tests.support.fleet",
+    "tests.support.stores",
+    "tests.support.resilience",
+    "tests.support.drain_world",
+)
 
 
 @pytest.fixture(scope="session")
@@ -46,7 +44,9 @@ def built_docs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def redis_client(redis_url: str) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_url)
+    # No socket timeout, as redis-py had none before 8.2 (5 s since): a test's blocking read
+    # (BLPOP for a process it started) waits for its own deadline, however busy the host.
+    client = redis.Redis.from_url(redis_url, socket_timeout=None)
     try:
         client.ping()
     except redis.ConnectionError:  # pragma: no cover - CI starts Redis first

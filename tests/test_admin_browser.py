@@ -42,7 +42,8 @@ from celery import Celery
 from celery_resilience import Resilience
 from celery_resilience.runtime import forget
 from example_project.demo import GatewayProcess
-from tests.support.browser import ROOT, Shop, chrome, keep_for_docs, missing_browser, wait_for
+from tests.support.browser import ROOT, Shop, chrome, keep_for_docs, missing_browser
+from tests.support.waiting import wait_for
 
 try:
     from selenium.webdriver.common.by import By
@@ -197,17 +198,19 @@ def park_charges(shop: Shop, store: Resilience, gateway: GatewayProcess, queue: 
     order_ids, task_ids = placed["orders"], placed["tasks"]
     assert store.breaker(BREAKER).state == "forced_open"  # the same breaker as the shop's
     wait_for(
-        "the worker to park the three charges",
         lambda: store.backout.count(BREAKER, "parked") == len(task_ids),
+        "the worker to park the three charges",
         timeout=20,
+        poll=0.1,
     )
     parked = store.backout.list(BREAKER)
     assert sorted(e.task_id for e in parked) == sorted(task_ids)
     assert {(e.task_name, e.reason) for e in parked} == {(TASK, "breaker_open")}
     wait_for(
-        "the orders to be marked parked",
         lambda: set(shop.orders(order_ids).values()) == {("parked", 0)},
+        "the orders to be marked parked",
         timeout=10,
+        poll=0.1,
     )
     assert gateway.charges() == {}  # nothing reached the gateway
     return Placed(order_ids, task_ids)
@@ -356,9 +359,10 @@ def see_in_recent_actions(browser: Any, steps: Steps, wanted: list[str]) -> None
 def check_charged(shop: Shop, store: Resilience, gateway: GatewayProcess, placed: Placed) -> None:
     """The worker ran the replays: each order charged once, each result SUCCESS, store empty."""
     wait_for(
-        "the replayed orders to be charged",
         lambda: set(shop.orders(placed.order_ids).values()) == {("charged", 1)},
+        "the replayed orders to be charged",
         timeout=20,
+        poll=0.1,
     )
 
     def succeeded() -> dict[str, tuple[str, Any]] | None:
@@ -366,7 +370,7 @@ def check_charged(shop: Shop, store: Resilience, gateway: GatewayProcess, placed
         states = [state for state, _ in results.values()]
         return results if states == ["SUCCESS"] * len(placed.task_ids) else None
 
-    results = wait_for("the replayed tasks' SUCCESS", succeeded, timeout=10)
+    results = wait_for(succeeded, "the replayed tasks' SUCCESS", timeout=10, poll=0.1)
     assert {result["order_id"] for _, result in results.values()} == set(placed.order_ids)
     assert gateway.charges() == {str(i): 1 for i in placed.order_ids}  # once each
     assert store.backout.count() == 0

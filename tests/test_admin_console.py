@@ -3,7 +3,8 @@
 trace, works over a whole filter, and the list says what is parked and what holds it.
 
 Django's test client against the same app, stores and fixtures as ``test_django_admin.py``
-(both stores: Redis and the database); the browser side is ``test_admin_browser.py``.
+(``tests/support/admin_world.py``; both stores: Redis and the database); the browser side is
+``test_admin_browser.py``.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import pytest
 import redis
 
 from celery_resilience import Resilience
-from tests.test_django_admin import (  # noqa: F401  # fixtures, by name
+from tests.support.admin_world import (  # noqa: F401  # fixtures, by name
     BREAKERS_URL,
     RECORD_URL,
     STORE_URL,
@@ -26,10 +27,9 @@ from tests.test_django_admin import (  # noqa: F401  # fixtures, by name
     admin_client,
     db_resilience,
     django_db,
-    make_resilience,
+    make_admin_app,
     park,
     published,
-    queue,
     resilience,
     row_of,
     text,
@@ -157,11 +157,11 @@ def test_the_replay_permission_has_a_migration(django_db: None) -> None:
 
 
 def test_a_drain_holding_the_lock_stops_a_bulk_replay_at_the_first_wait(
-    make_resilience: Callable[..., Resilience], admin_client: Any
+    make_admin_app: Callable[..., Resilience], admin_client: Any
 ) -> None:
     from celery_resilience.drain.lock import drain_lock
 
-    res = make_resilience("redis")
+    res = make_admin_app("redis")
     entries = [park(res, n) for n in range(3)]
     with drain_lock(res.runtime, lease=60.0) as lock:
         assert lock is not None
@@ -227,6 +227,40 @@ def test_the_list_shows_masked_arguments_the_error_and_the_dead_reason(
     assert "tok_live_4242" not in detail
     assert "&quot;card_token&quot;: &quot;***&quot;" in detail
     assert hidden.id in page
+
+
+def test_a_sensitive_argument_passed_by_position_is_masked_and_never_found(
+    resilience: Resilience, admin_client: Any
+) -> None:
+    """``card_token`` is the task's second parameter: passed by position, it is masked in the
+    list, the detail page, the error and the traceback that quote it, and no search finds it."""
+
+    def pay(self: Any, order: int, card_token: str) -> None: ...
+
+    resilience.runtime.app.task(name="shop.pay", bind=True, shared=False)(pay)
+    token = "tok_live_4242"
+    paid = park(
+        resilience,
+        15,
+        id=f"a{uuid.uuid4().hex[1:]}",
+        task_name="shop.pay",
+        args=[15, token],
+        kwargs={},
+        exc_message=f"card {token} declined",
+        traceback=f"Traceback (most recent call last):\nValueError: card {token} declined\n",
+    )
+    url = list_url(resilience)
+
+    page = text(admin_client.get(url))
+    assert token not in page
+    assert "15, &#x27;***&#x27;" in page
+    assert "card *** declined" in page
+    detail = text(admin_client.get(f"{STORE_URL}{paid.id}/"))
+    assert token not in detail
+    assert "card *** declined" in detail
+    for query in (token, "tok_live", "4242"):
+        assert paid.id not in text(admin_client.get(url, {"q": query})), query
+    assert paid.id in text(admin_client.get(url, {"q": "15"}))
 
 
 def test_search_finds_an_order_by_its_number_not_ids_holding_it(
@@ -312,11 +346,11 @@ def test_the_detail_page_finds_an_entry_by_its_celery_task_id(
 
 
 def test_a_half_open_breaker_reads_probing_not_open_until_ago(
-    make_resilience: Callable[..., Resilience], admin_client: Any
+    make_admin_app: Callable[..., Resilience], admin_client: Any
 ) -> None:
     import time
 
-    res = make_resilience("redis")
+    res = make_admin_app("redis")
     breaker = res.breaker("payments")
     for _ in range(3):  # tripped: open for its 30 s
         breaker.acquire().failure()
@@ -336,11 +370,11 @@ def test_a_half_open_breaker_reads_probing_not_open_until_ago(
 
 
 def test_force_open_for_a_maintenance_window_with_a_note(
-    make_resilience: Callable[..., Resilience], admin_client: Any
+    make_admin_app: Callable[..., Resilience], admin_client: Any
 ) -> None:
     from celery_resilience import maintenance
 
-    res = make_resilience("redis")
+    res = make_admin_app("redis")
     form = text(admin_client.get(f"{BREAKERS_URL}payments/open/"))
     assert 'name="minutes"' in form
 
@@ -367,9 +401,9 @@ def test_force_open_for_a_maintenance_window_with_a_note(
 
 
 def test_a_bad_window_changes_nothing(
-    make_resilience: Callable[..., Resilience], admin_client: Any
+    make_admin_app: Callable[..., Resilience], admin_client: Any
 ) -> None:
-    res = make_resilience("redis")
+    res = make_admin_app("redis")
     for minutes in ("soon", "0", str(7 * 24 * 60 + 1)):
         page = text(
             admin_client.post(f"{BREAKERS_URL}payments/open/", {"minutes": minutes}, follow=True)
@@ -379,9 +413,9 @@ def test_a_bad_window_changes_nothing(
 
 
 def test_the_breakers_page_with_redis_down_does_not_claim_no_breakers(
-    make_resilience: Callable[..., Resilience], admin_client: Any
+    make_admin_app: Callable[..., Resilience], admin_client: Any
 ) -> None:
-    make_resilience("redis", redis_at="redis://127.0.0.1:1/15")
+    make_admin_app("redis", redis_at="redis://127.0.0.1:1/15")
 
     page = text(admin_client.get(BREAKERS_URL))
 
@@ -423,9 +457,9 @@ def test_the_overview_counts_per_breaker_and_reason_and_names_the_oldest(
 
 
 def test_the_overview_says_beat_is_alive_once_the_drain_task_ran(
-    make_resilience: Callable[..., Resilience], admin_client: Any
+    make_admin_app: Callable[..., Resilience], admin_client: Any
 ) -> None:
-    res = make_resilience("redis")
+    res = make_admin_app("redis")
     res.runtime.app.tasks["celery_resilience.drain"].apply()
 
     page = text(admin_client.get(OVERVIEW_URL))
@@ -436,9 +470,9 @@ def test_the_overview_says_beat_is_alive_once_the_drain_task_ran(
 
 
 def test_the_overview_with_redis_down_says_so_and_claims_no_zeros(
-    make_resilience: Callable[..., Resilience], admin_client: Any
+    make_admin_app: Callable[..., Resilience], admin_client: Any
 ) -> None:
-    make_resilience("redis", redis_at="redis://127.0.0.1:1/15")
+    make_admin_app("redis", redis_at="redis://127.0.0.1:1/15")
 
     page = text(admin_client.get(OVERVIEW_URL))
 

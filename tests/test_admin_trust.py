@@ -1,8 +1,10 @@
+# ruff: noqa: F811  # the fixtures imported below are redefined as the tests' parameters
 """The Django admin where an encryption key is missing: it says "encrypted", shows nothing
 sealed, and still lists the entry (the admin's fixtures, on the configured Redis store)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -11,25 +13,27 @@ from cryptography.fernet import Fernet
 
 from celery_resilience import ParkedTask, Resilience
 from celery_resilience.backout import Codec, RedisBackoutStore
-from tests import test_django_admin as admin_tests
-from tests.test_django_admin import STORE_URL, TASK, text
+from tests.support.admin_world import (  # noqa: F401  # fixtures, by name
+    RECORD_URL,
+    STORE_URL,
+    TASK,
+    act,
+    admin_client,
+    django_db,
+    make_admin_app,
+    park,
+    text,
+)
 
 pytestmark = pytest.mark.integration
 
-#: The admin suite's fixtures: a superuser's client, an app the admin finds, its database.
-admin_client, django_db, make_resilience, queue = (
-    admin_tests.admin_client,
-    admin_tests.django_db,
-    admin_tests.make_resilience,
-    admin_tests.queue,
-)
 SECRET = "QZJX-VKWY-PQXJ-ZKVW"
 
 
 def test_the_detail_page_says_encrypted_where_the_admin_has_no_key(
-    make_resilience: Callable[[str], Resilience], admin_client: Any
+    make_admin_app: Callable[[str], Resilience], admin_client: Any
 ) -> None:
-    res = make_resilience("redis")  # the admin's app: no encryption key
+    res = make_admin_app("redis")  # the admin's app: no encryption key
     keyed = RedisBackoutStore(
         res.runtime.redis,
         res.runtime.config.key_prefix,
@@ -54,3 +58,29 @@ def test_the_detail_page_says_encrypted_where_the_admin_has_no_key(
     assert "encrypted (this process has no key that opens it)" in page
     assert "builtins.ConnectionError: encrypted" in page
     assert SECRET not in page
+
+
+@pytest.mark.parametrize("store", ["redis", "django"])
+def test_re_check_parks_again_what_another_process_quarantined_and_says_why_not_the_rest(
+    make_admin_app: Callable[[str], Resilience], admin_client: Any, store: str
+) -> None:
+    """A process of another release, or with other keys, marked good entries dead; the admin's
+    app reads them: "Re-check" parks them again, and gives its own reason for the others."""
+    from tests.support.raw_entries import put_raw
+
+    res = make_admin_app(store)
+    backout = res.runtime.backout_store
+    recent = time.time() - 60  # well within its signed lifetime
+    good, garbage, other = (park(res, n, parked_at=recent) for n in (1, 2, 3))
+    backout.mark_dead(good.id, "undecodable")
+    put_raw(backout, garbage.id, b"\xff not an entry")
+    backout.mark_dead(garbage.id, "tampered")
+    backout.mark_dead(other.id, "max_replays")  # not a reason a re-check changes
+    url = RECORD_URL if store == "django" else STORE_URL
+    page = text(act(admin_client, url, "recheck", [good.id, garbage.id, other.id]))
+    assert "Parked again 1 entry" in page
+    assert "1 entry left alone" in page
+    assert f"{garbage.id}: entry {garbage.id} can&#x27;t be decoded" in page
+    assert res.backout.get(good.id).status == "parked"  # type: ignore[union-attr]
+    assert res.backout.get(garbage.id).status == "dead"  # type: ignore[union-attr]
+    assert res.backout.get(other.id).dead_reason == "max_replays"  # type: ignore[union-attr]

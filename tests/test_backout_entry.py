@@ -16,7 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from celery_resilience.backout.codec import decode, encode, readable
+from celery_resilience.backout.body import readable
+from celery_resilience.backout.codec import decode, encode
 from celery_resilience.backout.entry import (
     REASONS,
     STATUSES,
@@ -105,6 +106,7 @@ def test_reasons_and_statuses() -> None:
         "park_on",
         "delay_too_long",
         "redelivered",
+        "retry_budget",
     )
     assert STATUSES == ("parked", "dead")
     assert issubclass(UndecodableEntry, ResilienceError)
@@ -295,8 +297,9 @@ def test_cut_traceback_bounds(text: str, limit: int) -> None:
 
 
 def test_lua_scripts_document_keys_argv_and_return() -> None:
-    lua = resources.files("celery_resilience.backout").joinpath("lua")
-    scripts = [p for p in lua.iterdir() if p.name.endswith(".lua")]
+    lua = resources.files("celery_resilience.backout.redis").joinpath("lua")
+    # A prelude (``_common.lua``) is no script: helpers loaded before each script of the folder.
+    scripts = [p for p in lua.iterdir() if p.name.endswith(".lua") and not p.name.startswith("_")]
     assert {p.name for p in scripts} >= {"park.lua", "delete.lua", "mark_dead.lua"}
     for script in scripts:
         lines = script.read_text().splitlines()

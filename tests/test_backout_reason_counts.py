@@ -18,7 +18,7 @@ import redis
 from celery_resilience.backout import NO_BREAKER, Filter, ParkedTask, RedisBackoutStore
 from celery_resilience.backout.entry import REASONS
 from celery_resilience.backout.store import Meta
-from tests.test_backout_store import T0, entry
+from tests.support.stores import T0, entry
 
 pytestmark = pytest.mark.integration
 
@@ -116,13 +116,13 @@ def test_counts_by_reason_stay_exact_through_every_change(store: RedisBackoutSto
     assert_exact(store)
     claimed = store.claim("payments", 3, 60.0, now=2e9)
     assert claimed
-    assert store.release("payments", [c.id for c in claimed], T0) == len(claimed)
+    assert store.give_back("payments", [c.id for c in claimed], T0) == len(claimed)
     assert_exact(store)
     claimed = store.claim("payments", 2, 60.0, now=2e9)
     assert store.ack("payments", [c.id for c in claimed]) == len(claimed)
     assert_exact(store)
     # key rotation rewrites payloads only
-    for entry_id, data in store.payloads(0, 5):
+    for entry_id, data in store.payloads("", 5)[1]:
         assert store.rewrite(entry_id, data, data + b" ")
     assert_exact(store)
     # a purge by reason, then by breaker and status

@@ -15,80 +15,28 @@ import redis
 import redis.backoff
 import redis.retry
 
-from celery_resilience import parking
 from celery_resilience.backout import (
     NO_BREAKER,
     Filter,
-    MemoryBackoutStore,
     ParkedTask,
     RedisBackoutStore,
     StoreFull,
     encode,
 )
 from celery_resilience.backout.entry import UNDECODABLE_TASK
+from celery_resilience.backout.masking import SHOW_ALL
+from celery_resilience.delivery import parking
 from celery_resilience.errors import ConfigurationError, StoreUnavailable
 from tests.support.raw_entries import put_raw
-from tests.support.worker_process import wait_until
+from tests.support.stores import T0, MakeStore, Store, entry, raw
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.contract
-
-Store = MemoryBackoutStore | RedisBackoutStore
-MakeStore = Callable[..., Store]
-
-T0 = 1_700_000_000.0
-
-
-def entry(n: int = 0, **fields: Any) -> ParkedTask:
-    values: dict[str, Any] = {
-        "task_name": "shop.charge",
-        "task_id": f"task-{n}",
-        "args": [n, "naïve ☃", {"nested": [1, {"k": None}], "t": [True, 2.5]}],
-        "kwargs": {"order": f"A-{n}", "lines": [{"sku": "é", "qty": 2}]},
-        "options": {"queue": "payments", "routing_key": "pay", "priority": 3, "headers": {}},
-        "breaker": "payments",
-        "reason": "breaker_open",
-        "exc_type": "builtins.ConnectionError",
-        "exc_message": "refused",
-        "traceback": "Traceback...",
-        "retries": 2,
-        "parked_at": T0 + n,
-        "due_at": T0 + n + 30,
-    }
-    values.update(fields)
-    return ParkedTask.new(**values)
-
-
-@pytest.fixture(params=["memory", "redis", "django", "django-postgresql"])
-def make_store(request: pytest.FixtureRequest) -> MakeStore:
-    """Builds a store of the parametrized kind; several per test share one Redis prefix."""
-    if request.param == "memory":
-        return MemoryBackoutStore
-    if request.param.startswith("django"):  # the ORM store on SQLite, or on PostgreSQL
-        from tests.support.django_settings import contract_store_factory
-
-        return contract_store_factory(request)  # type: ignore[return-value]
-    client: redis.Redis = request.getfixturevalue("redis_client")
-    prefix: str = request.getfixturevalue("key_prefix")
-    made = 0
-
-    def make(**options: Any) -> Store:
-        nonlocal made
-        made += 1
-        return RedisBackoutStore(client, f"{prefix}-{made}", **options)
-
-    return make
 
 
 @pytest.fixture
 def store(make_store: MakeStore) -> Store:
     return make_store()
-
-
-def raw(store: Store, entry_id: str) -> bytes | None:
-    if isinstance(store, RedisBackoutStore):
-        return store.client.hget(store.keys.entries, entry_id)  # type: ignore[return-value]
-    record = store._records.get(entry_id)
-    return None if record is None else record.data
 
 
 def ids(entries: list[ParkedTask]) -> list[str]:
@@ -132,7 +80,7 @@ def test_a_reused_task_id_with_other_arguments_parks_beside_the_entry_not_into_i
         made = parking.new_entry(
             "shop.charge", request, {}, "payments", "breaker_open", None, T0, 30.0
         )
-        parking.store(store, made)
+        parking.store(store, made, SHOW_ALL)
         return made
 
     first = park(delivery("order-1", 10, currency="EUR", note="gift"))
@@ -414,6 +362,57 @@ def test_mark_dead(store: Store) -> None:
         assert store.client.zscore(keys.dead, e.id) is not None
 
 
+def test_claimed_entries_given_back_are_due_again_at_the_time_given(store: Store) -> None:
+    """A drain gives back what it claimed and did not replay; ``release``, the earlier name of
+    ``give_back``, still does the same (``release`` names a permit's end everywhere else)."""
+    first, second = entry(1), entry(2)
+    store.park(first)
+    store.park(second)
+    assert len(store.claim("payments", 10, 30.0, now=T0 + 100)) == 2
+    assert store.give_back("payments", [first.id, "never-there"], T0 + 200) == 1
+    assert store.release("payments", [second.id], T0 + 200) == 1
+    assert store.give_back("payments", [first.id], T0 + 200) == 0  # given back already
+    assert (store.due("payments", now=T0 + 199), store.due("payments", now=T0 + 200)) == (0, 2)
+
+
+def test_held_entries_count_until_a_drain_reads_them_or_they_die_or_go(store: Store) -> None:
+    """The drain gives back what it can't read, held for a reason; it counts, by reason, with
+    the oldest one's park time, until a drain gives it back read, kills it or it is removed."""
+    entries = [entry(n) for n in range(5)]
+    for e in entries:
+        store.park(e)
+    claimed = store.claim("payments", 10, 30.0, now=T0 + 100)
+    assert len(claimed) == 5
+    assert store.held_entries() == {}
+    first, second, third, fourth, fifth = ids(entries)
+    assert store.hold("payments", [first, second, third], "unknown_key", T0 + 200) == 3
+    assert store.hold("payments", [fourth], "newer_format", T0 + 200) == 1
+    assert store.held_entries() == {
+        "unknown_key": (3, entries[0].parked_at),
+        "newer_format": (1, entries[3].parked_at),
+    }
+    assert store.due("payments", now=T0 + 120) == 0  # the held due at T0 + 200, one leased
+    store.claim("payments", 10, 30.0, now=T0 + 300)
+    assert store.give_back("payments", [first], T0 + 400) == 1  # read at last: no longer held
+    assert store.mark_dead(second, "tampered")  # judged
+    assert store.delete(fourth)
+    assert store.ack("payments", [third]) == 1
+    assert store.held_entries() == {}
+    assert store.hold("payments", [fifth], "unknown_key", T0 + 400) == 1
+    assert store.held_entries() == {"unknown_key": (1, entries[4].parked_at)}
+    assert store.entries([fifth, "absent", first]) == [entries[4], entries[0]]
+
+
+def test_dead_entries_are_told_by_their_dead_reason(store: Store) -> None:
+    entries = [entry(n) for n in range(4)]
+    for e in entries:
+        store.park(e)
+    store.mark_dead(entries[0].id, "replayed")
+    store.mark_dead(entries[1].id, "replayed")
+    store.mark_dead(entries[2].id, "unpublishable: the broker said no")
+    assert store.dead_by_reason() == {"replayed": 2, "unpublishable": 1}
+
+
 def test_dead_entries_expire_after_dead_ttl(make_store: MakeStore) -> None:
     # Waits for the expiry instead of sleeping past it; the TTL is wide enough that the
     # "not yet" checks hold on a loaded machine (they would fail only after a 1 s stall).
@@ -423,7 +422,7 @@ def test_dead_entries_expire_after_dead_ttl(make_store: MakeStore) -> None:
         store.park(e)
     store.mark_dead(old.id, "max_replays")
     assert store.expire_dead() == 0
-    wait_until(lambda: store.expire_dead() == 1, "the old dead entry to expire", 10)
+    wait_for(lambda: store.expire_dead() == 1, "the old dead entry to expire", 10)
     store.mark_dead(young.id, "max_replays")
     assert store.expire_dead() == 0
     assert store.get(old.id) is None
@@ -450,7 +449,8 @@ def test_corrupt_bytes_give_a_placeholder_and_are_kept(store: Store) -> None:
     placeholder = store.get(bad.id)
     assert placeholder is not None
     assert placeholder.task_name == UNDECODABLE_TASK
-    assert (placeholder.status, placeholder.dead_reason) == ("dead", "undecodable")
+    # Its status is the store's: parked, until a drain marks it dead for the reason it gives.
+    assert (placeholder.status, placeholder.dead_reason) == ("parked", "undecodable")
     assert placeholder.exc_message
     assert bad.id in placeholder.exc_message
     assert (placeholder.breaker, placeholder.reason) == ("mail", "park_on")
@@ -609,7 +609,7 @@ def test_unreachable_redis_raises_store_unavailable_quickly(closed_port: int) ->
 def test_filtered_pages_are_the_same_from_the_small_sets_and_from_the_index(
     redis_store: RedisBackoutStore, monkeypatch: pytest.MonkeyPatch, filters: dict[str, str]
 ) -> None:
-    from celery_resilience.backout import redis_pages
+    from celery_resilience.backout.redis import pages as redis_pages
 
     made = []
     for n in range(120):
@@ -643,7 +643,7 @@ def test_filtered_pages_are_the_same_from_the_small_sets_and_from_the_index(
 def test_a_filter_that_matches_nothing_reads_no_entry(
     redis_store: RedisBackoutStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from celery_resilience.backout import redis_pages
+    from celery_resilience.backout.redis import pages as redis_pages
 
     monkeypatch.setattr(redis_pages, "SMALL", 0)
     for n in range(1200):

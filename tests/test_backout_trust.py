@@ -8,24 +8,23 @@ straight into the store, as someone with write access to it would.
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import pytest
 import redis
 from cryptography.fernet import Fernet
 
+from celery_resilience.adopt import adopt, candidates
 from celery_resilience.backout import Codec, ParkedTask, RedisBackoutStore
 from celery_resilience.backout.entry import UNVERIFIED_TASK
+from celery_resilience.backout.lifetime import Consumed, replayed_copy
 from celery_resilience.backout.trust import Untrusted
 from celery_resilience.rekey import rekey
-from tests import test_backout_store as contract
 from tests.support.raw_entries import put_raw
-from tests.test_backout_store import MakeStore, entry, raw
+from tests.support.stores import MakeStore, entry, raw
 
 pytestmark = pytest.mark.contract
-
-#: The contract suite's fixture: the memory, Redis, SQLite and PostgreSQL stores.
-make_store = contract.make_store
 
 KEY = "k1-" + "s" * 30
 OTHER_KEY = "k2-" + "t" * 30
@@ -66,7 +65,9 @@ def test_signed_entries_round_trip(make_store: MakeStore, serializer: str) -> No
     assert raw(store, e.id).startswith(f"2;{serializer};".encode())  # type: ignore[union-attr]
 
 
-def test_an_altered_payload_reads_as_a_dead_tampered_placeholder(make_store: MakeStore) -> None:
+def test_an_altered_payload_reads_as_a_tampered_placeholder_with_its_stored_status(
+    make_store: MakeStore,
+) -> None:
     store = make_store(codec=signed())
     e = entry(1, kwargs={"order": "A-1"})
     store.park(e)
@@ -74,23 +75,35 @@ def test_an_altered_payload_reads_as_a_dead_tampered_placeholder(make_store: Mak
     put_raw(store, e.id, altered)
     got = store.get(e.id)
     assert got is not None
-    assert (got.task_name, got.status, got.dead_reason) == (UNVERIFIED_TASK, "dead", "tampered")
+    assert (got.task_name, got.status, got.dead_reason) == (UNVERIFIED_TASK, "parked", "tampered")
     assert (got.args, got.kwargs, got.options) == ([], {}, {})
     assert "A-9" not in got.exc_message
 
 
-def test_entries_forged_without_the_key_are_unsigned_or_tampered(make_store: MakeStore) -> None:
+def test_entries_forged_without_the_key_are_unsigned_tampered_or_held(
+    make_store: MakeStore,
+) -> None:
+    """A forger without the key signs with a key of its own: its body names that key, so the
+    entry is held (never published, never killed) unless it names one this process holds."""
     store = make_store(codec=signed())
     store.park(entry(0))
-    unsigned, foreign = entry(1), entry(2)
+    unsigned, foreign, posing = entry(1), entry(2), entry(3)
     put(store, unsigned, Codec("json").encode(unsigned))
     put(store, foreign, signed("json", OTHER_KEY).encode(foreign))
+    forger = signed("json", OTHER_KEY)
+    ours, theirs = (c.signer.key_id.encode() for c in (store.codec, forger))  # type: ignore[union-attr]
+    put(store, posing, forger.encode(posing).replace(theirs, ours))  # names a key held here
     assert store.get(unsigned.id).dead_reason == "unsigned"  # type: ignore[union-attr]
-    assert store.get(foreign.id).dead_reason == "tampered"  # type: ignore[union-attr]
+    held = store.get(foreign.id)
+    assert held is not None
+    assert (held.status, held.dead_reason, held.args) == ("parked", None, [])
+    assert "which this process lacks" in (held.held or "")
+    assert store.get(posing.id).dead_reason == "tampered"  # type: ignore[union-attr]
     # What a drain would get: placeholders, never the forged task.
     claimed = {c.id: c for c in store.claim("payments", 10, 30.0, now=2e9)}
     assert claimed[unsigned.id].task_name == UNVERIFIED_TASK
-    assert claimed[foreign.id].status == "dead"
+    assert claimed[posing.id].dead_reason == "tampered"
+    assert claimed[foreign.id].held is not None
 
 
 def test_a_signed_payload_copied_under_another_id_is_tampered(make_store: MakeStore) -> None:
@@ -108,7 +121,7 @@ def test_every_configured_key_verifies_and_rotation_re_signs(make_store: MakeSto
     both = make_store(codec=signed("json", OTHER_KEY, KEY))
     put(both, e, raw(old, e.id))
     assert both.get(e.id) == e  # the old key still verifies
-    report = rekey(both, both.codec, batch=1)
+    report = rekey(both, both.codec, now=time.time(), batch=1)
     assert (report.rewritten, report.refused) == (1, {})
     new_only = make_store(codec=signed("json", OTHER_KEY))
     put(new_only, e, raw(both, e.id))
@@ -122,12 +135,15 @@ def test_rotation_leaves_forged_entries_and_adopts_unsigned_only_when_asked(
     legacy, forged = entry(1), entry(2)
     put(store, legacy, Codec("json").encode(legacy))
     put(store, forged, signed("json", OTHER_KEY).encode(forged))
-    report = rekey(store, store.codec)
-    assert (report.rewritten, report.refused) == (0, {"unsigned": 1, "tampered": 1})
-    report = rekey(store, store.codec, adopt_unsigned=True)
-    assert (report.rewritten, report.refused) == (1, {"tampered": 1})
+    report = rekey(store, store.codec, now=time.time())
+    assert (report.rewritten, report.refused) == (0, {"unsigned": 1, "unknown_key": 1})
+    chosen = list(candidates(store, before=legacy.parked_at + 1))
+    assert [c.entry.id for c in chosen] == [legacy.id]
+    assert adopt(store, store.codec, chosen).signed == 1
+    report = rekey(store, store.codec, now=time.time())
+    assert (report.rewritten, report.refused) == (1, {"unknown_key": 1})
     assert store.get(legacy.id).task_id == legacy.task_id  # type: ignore[union-attr]
-    assert store.get(forged.id).dead_reason == "tampered"  # type: ignore[union-attr]
+    assert store.get(forged.id).held is not None  # type: ignore[union-attr]
 
 
 def test_sealed_entries_read_whole_with_the_key_and_encrypted_without(
@@ -154,7 +170,7 @@ def test_rotation_re_encrypts_with_the_first_key(make_store: MakeStore) -> None:
     e = secret_entry()
     put(store, e, Codec("json", (), (FERNET,)).encode(e))
     assert store.get(e.id) == e
-    assert rekey(store, store.codec).rewritten == 1
+    assert rekey(store, store.codec, now=time.time()).rewritten == 1
     only_new = Codec("json", (), (FERNET_2,))
     assert only_new.decode(raw(store, e.id), e.id) == e  # type: ignore[arg-type]
     with pytest.raises(Untrusted, match="no configured encryption key"):
@@ -209,4 +225,37 @@ def test_a_sealed_token_moved_to_another_entry_does_not_open(make_store: MakeSto
     put(store, second, header + b"\n" + json.dumps({**json.loads(body), "sealed": token}).encode())
     got = store.get(second.id)
     assert got is not None
-    assert (got.status, got.dead_reason) == ("dead", "undecryptable")
+    assert (got.status, got.dead_reason) == ("parked", "undecryptable")
+
+
+def test_every_store_remembers_what_was_published_and_tells_a_copy_from_a_new_park(
+    make_store: MakeStore,
+) -> None:
+    store = make_store(codec=signed())
+    e = entry(1)
+    store.park(e)
+    copied = raw(store, e.id)
+    assert copied is not None
+    store.ack("payments", [e.id], [Consumed(e.id, e.parked_at, until=4e9)])
+    assert store.get(e.id) is None
+    put(store, e, copied)  # written back, as it was
+    back = store.get(e.id)
+    assert back is not None
+    consumed = store.consumed([e.id, "nothing-of-that-id"])
+    assert consumed == {e.id: e.parked_at}
+    assert replayed_copy(back, consumed)
+    assert not replayed_copy(e.replace(parked_at=e.parked_at + 1), consumed)  # parked again
+    older = Consumed(e.id, e.parked_at - 10, until=3.0)  # an older copy, sent by hand
+    store.ack("payments", [e.id], [older])
+    assert store.consumed([e.id]) == {e.id: e.parked_at}  # the latest is what is kept
+
+
+def test_an_ack_of_no_entry_still_remembers_and_forgets_what_is_past(
+    make_store: MakeStore,
+) -> None:
+    store = make_store(codec=signed())
+    store.ack("payments", [], [Consumed("other", 5.0, until=4e9)])
+    assert store.consumed(["other"]) == {"other": 5.0}
+    store.ack("payments", [], [Consumed("short", 1.0, until=2.0)])  # its time is up already
+    assert store.consumed(["short", "other"]) == {"other": 5.0}
+    assert store.forget_consumed() == 0

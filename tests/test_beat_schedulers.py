@@ -30,7 +30,8 @@ from celery_resilience.backout import Filter
 from celery_resilience.contrib.pytest import delete_prefix
 from tests.apps import beatapp
 from tests.apps.workerapp import broker_keyprefix
-from tests.support.worker_process import ROOT, WorkerProcess, spawn, wait_until
+from tests.support.waiting import wait_for
+from tests.support.worker_process import ROOT, WorkerProcess, spawn
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -49,7 +50,7 @@ class Beat:
         command = [sys.executable, "-m", "celery", "-A", "tests.apps.beatapp", "beat"]
         command += [*self.options, "--max-interval", "1", "-l", "info"]
         self.process = spawn(command, self.env, self.log_path)
-        wait_until(self.started, "beat to start", timeout)
+        wait_for(self.started, "beat to start", timeout)
         return self
 
     def started(self) -> bool:
@@ -96,9 +97,9 @@ class World:
         return self.worker.log()[since:]
 
     def wait(self, predicate: Callable[[], Any], what: str, timeout: float) -> Any:
-        """``wait_until``, with the ends of the worker's and the beats' logs on a timeout."""
+        """``wait_for``, with the ends of the worker's and the beats' logs on a timeout."""
         try:
-            return wait_until(predicate, what, timeout)
+            return wait_for(predicate, what, timeout)
         except AssertionError as exc:
             logs = [("worker", self.worker.log())] + [
                 (b.log_path.name, b.log()) for b in self.beats
@@ -216,7 +217,7 @@ def migrate(env: Mapping[str, str]) -> None:
         cwd=ROOT,
         env=dict(env),
         check=True,
-        timeout=60,
+        timeout=180,
     )
 
 
@@ -244,7 +245,7 @@ def test_django_celery_beat_syncs_the_entry_into_its_table_and_drains(
     since = len(world.worker.log())
     beat = world.beat("beat-django", ["-S", DJANGO_SCHEDULER], BEATAPP_DJANGO_DB=str(db))
     # The DatabaseScheduler copied app.conf.beat_schedule's entry into its table at start.
-    row = wait_until(lambda: periodic_rows(db).get(beatapp.DRAIN_ENTRY), "the synced row", 10)
+    row = wait_for(lambda: periodic_rows(db).get(beatapp.DRAIN_ENTRY), "the synced row", 10)
     task, every, period, _, enabled = row
     assert (task, every, period, enabled) == ("celery_resilience.drain", 1, "seconds", 1)
     release_and_check_replayed_once(world, ids, since)
@@ -264,7 +265,9 @@ def test_periodic_task_makes_a_row_whose_drains_expire(
     assert row == ("celery_resilience.drain", 1, "seconds", 1, 1)
     world.beat("beat-helper", ["-S", DJANGO_SCHEDULER], **env)
     key = broker_keyprefix(world.prefix) + queue
-    raw = wait_until(lambda: redis_client.lindex(key, 0), "a drain in the unread queue", 15)
+    raw = wait_for(
+        lambda: cast(bytes | None, redis_client.lindex(key, 0)), "a drain in the unread queue", 15
+    )
     headers = json.loads(raw)["headers"]
     assert headers["task"] == "celery_resilience.drain"
     assert headers["expires"] is not None
@@ -279,7 +282,11 @@ def test_redbeat_syncs_the_entry_into_redis_and_drains(
     beat = world.beat("beat-redbeat", ["-S", REDBEAT_SCHEDULER])
     second = world.beat("beat-redbeat-second", ["-S", REDBEAT_SCHEDULER])
     entry_key = f"{world.prefix}:redbeat:{beatapp.DRAIN_ENTRY}"
-    raw = wait_until(lambda: redis_client.hget(entry_key, "definition"), "the entry in Redis", 10)
+    raw = wait_for(
+        lambda: cast(bytes | None, redis_client.hget(entry_key, "definition")),
+        "the entry in Redis",
+        10,
+    )
     definition = json.loads(raw)
     assert definition["task"] == "celery_resilience.drain"
     assert definition["options"] == {"expires": 1.0}

@@ -5,22 +5,32 @@ round trips off the event loop, and cancellation that judges nothing and leaks n
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import time
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 import pytest
-from celery import Celery
+import redis
 
-from celery_resilience import BreakerOpen, Resilience
+from celery_resilience import BreakerOpen
 from celery_resilience.breaker import Breaker
+from celery_resilience.breaker.breaker import FLUSH_INTERVAL
+from celery_resilience.breaker.knowledge import MAX_KNOWLEDGE_AGE
+from tests.support.faults import FaultProxy
+from tests.support.resilience import MakeResilience
 from tests.support.round_trips import RoundTrips
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
 T = TypeVar("T")
-MakeResilience = Callable[..., Resilience]
+
+
+def dep(**options: Any) -> dict[str, Any]:
+    """The breakers of these tests: ``dep``, with ``options``."""
+    return {"dep": {"failure_threshold": 3, "open_timeout": 30.0, **options}}
 
 
 class Boom(Exception):
@@ -37,28 +47,8 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
 
 
 @pytest.fixture
-def make_resilience(redis_url: str, key_prefix: str) -> Iterator[MakeResilience]:
-    made: list[Resilience] = []
-
-    def make(url: str = redis_url, **options: Any) -> Resilience:
-        app = Celery("t", broker=redis_url, set_as_current=False)
-        app.conf.resilience_key_prefix = key_prefix
-        app.conf.resilience_redis_url = url
-        app.conf.resilience_breakers = {
-            "dep": {"failure_threshold": 3, "open_timeout": 30.0, **options}
-        }
-        resilience = Resilience(app)
-        made.append(resilience)
-        return resilience
-
-    yield make
-    for resilience in made:
-        resilience.runtime.close()
-
-
-@pytest.fixture
 def make_breaker(make_resilience: MakeResilience) -> Callable[..., Breaker]:
-    return lambda **options: make_resilience(**options).breaker("dep")
+    return lambda **options: make_resilience(breakers=dep(**options)).breaker("dep")
 
 
 def known(breaker: Breaker) -> Breaker:
@@ -69,13 +59,6 @@ def known(breaker: Breaker) -> Breaker:
         breaker.acquire().release()
         time.sleep(0.005)
     return breaker
-
-
-def wait_for(condition: Callable[[], bool], seconds: float = 5.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, "the condition never held"
-        time.sleep(0.005)
 
 
 async def echo(value: T, delay: float = 0.0) -> T:
@@ -97,7 +80,7 @@ async def trip(breaker: Breaker, times: int) -> None:
 def half_open(make_breaker: Callable[..., Breaker], **options: Any) -> Breaker:
     breaker = make_breaker(failure_threshold=1, open_timeout=0.2, **options)
     run(trip(breaker, 1))
-    wait_for(lambda: breaker.state == "half_open")
+    wait_for(lambda: breaker.state == "half_open", "the breaker half-open")
     return breaker
 
 
@@ -169,12 +152,16 @@ def test_many_concurrent_calls_on_a_closed_breaker_cost_no_round_trip(
     async def main() -> list[int]:
         return list(await asyncio.gather(*(breaker.acall(echo, i, delay=0.01) for i in range(300))))
 
+    began = time.monotonic()
     assert run(main()) == list(range(300))
-    assert sent.count <= 1  # at most one flush of held-back successes
+    elapsed = time.monotonic() - began
+    # The promise: held-back successes are flushed at most once per FLUSH_INTERVAL (the calls
+    # take a few hundredths of a second here; a busy host may stretch them past the interval).
+    assert sent.count <= 1 + int(elapsed / FLUSH_INTERVAL), (sent.count, elapsed)
 
 
 def test_concurrent_failures_open_the_breaker_exactly_once(make_resilience: MakeResilience) -> None:
-    resilience = make_resilience(failure_threshold=3)
+    resilience = make_resilience(breakers=dep(failure_threshold=3))
     events: list[tuple[str, str, str]] = []
     resilience.runtime.transition_listeners.append(lambda *event: events.append(event))
     breaker = known(resilience.breaker("dep"))
@@ -234,13 +221,13 @@ def test_a_remembered_rejection_ends_with_the_open_timeout(
 def test_a_remembered_rejection_ends_when_another_process_resets_the_breaker(
     make_resilience: MakeResilience,
 ) -> None:
-    web = known(make_resilience(failure_threshold=1).breaker("dep"))
-    operator = make_resilience(failure_threshold=1).breaker("dep")
+    web = known(make_resilience(breakers=dep(failure_threshold=1)).breaker("dep"))
+    operator = make_resilience(breakers=dep(failure_threshold=1)).breaker("dep")
     run(trip(web, 1))
     with pytest.raises(BreakerOpen):
         run(web.acall(echo, "rejected"))
     operator.reset()
-    wait_for(lambda: web._knowledge.admits("dep") is not None)  # heard on the change feed
+    wait_for(lambda: web._knowledge.admits("dep") is not None, "the view heard on the feed")
     assert run(web.acall(echo, "admitted")) == "admitted"
 
 
@@ -261,7 +248,8 @@ def test_half_open_admits_at_most_its_probes_across_concurrent_coroutines(
     async def main() -> list[object]:
         gate = asyncio.Event()
         calls = [asyncio.ensure_future(breaker.acall(probe, gate)) for _ in range(20)]
-        while sum(c.done() for c in calls) < 18:  # every call but the probes is rejected
+        # every call is rejected or in its block (a probe admitted may still be on its way)
+        while sum(c.done() for c in calls) + in_flight < 20:
             await asyncio.sleep(0.01)
         gate.set()
         return await asyncio.gather(*calls, return_exceptions=True)
@@ -293,7 +281,9 @@ def test_a_cancelled_probe_counts_as_nothing_and_frees_its_slot(
             await call
 
     run(main())
-    wait_for(lambda: breaker.snapshot()["probes_in_flight"] == 0)  # not after probe_lease
+    wait_for(  # well before probe_lease
+        lambda: breaker.snapshot()["probes_in_flight"] == 0, "the probe's slot freed"
+    )
     snap = breaker.snapshot()
     assert (snap["state"], snap["failures_total"]) == ("half_open", 1)  # only the trip's
     assert run(breaker.acall(echo, "next probe")) == "next probe"
@@ -316,7 +306,7 @@ def test_a_cancelled_call_on_a_closed_breaker_is_no_failure(
     assert (snap["state"], snap["consecutive_failures"], snap["failures_total"]) == ("closed", 0, 0)
 
 
-def test_cancelled_while_redis_grants_a_probe_gives_the_probe_back(
+def test_cancelled_while_redis_grants_a_probe_releases_the_probe(
     make_breaker: Callable[..., Breaker],
 ) -> None:
     breaker = half_open(make_breaker, half_open_max_calls=1, probe_lease=60.0)
@@ -343,7 +333,9 @@ def test_cancelled_while_redis_grants_a_probe_gives_the_probe_back(
     assert granted[0] is not None
     assert granted[0].kind == "probe"
     assert breaker.snapshot()["probes_in_flight"] == 1
-    wait_for(lambda: breaker.snapshot()["probes_in_flight"] == 0)  # given back, not leased out
+    wait_for(  # released, not leased out
+        lambda: breaker.snapshot()["probes_in_flight"] == 0, "the probe's slot freed"
+    )
     assert breaker.state == "half_open"
 
 
@@ -355,7 +347,7 @@ def test_a_round_trip_to_a_hanging_redis_does_not_block_the_event_loop(
         hanging.bind(("127.0.0.1", 0))
         hanging.listen(16)
         url = f"redis://127.0.0.1:{hanging.getsockname()[1]}/0"
-        breaker = make_resilience(url=url).breaker("dep")
+        breaker = make_resilience(redis_url=url, breakers=dep()).breaker("dep")
         assert breaker._health.policy == "fail_open"
         ticks = 0
 
@@ -376,4 +368,82 @@ def test_a_round_trip_to_a_hanging_redis_does_not_block_the_event_loop(
         result, elapsed = run(main())
     assert result == "let through"
     assert elapsed >= 0.4  # the default 0.5 s timeout was waited for...
-    assert ticks >= elapsed / 0.01 * 0.5  # ...while the loop kept running other coroutines
+    # ...while the loop kept running other coroutines: a round trip on the loop would have held
+    # it for the whole wait (a tick or none); a busy host may slow the ticks, never stop them.
+    assert ticks >= 3, (ticks, elapsed)
+
+
+#: How a permitted block can end; each gives something back to Redis on a bulkhead.
+ENDINGS = ["cancelled", "ignored", "failure", "success", "success-derived"]
+
+
+@pytest.mark.parametrize("ending", ENDINGS)
+def test_every_end_of_an_async_call_leaves_the_event_loop_free_while_redis_hangs(
+    make_resilience: MakeResilience, redis_url: str, ending: str
+) -> None:
+    """A bulkhead's slot is given back (or a derived breaker's family refreshed) in a round
+    trip: on a Redis that hangs it waits for the client's timeout, off the event loop."""
+    timeout = 3.0
+    target = redis.Redis.from_url(redis_url).connection_pool.connection_kwargs
+    proxy = FaultProxy(int(target["port"]))
+    try:
+        res = make_resilience(
+            redis_url=f"redis://{proxy.url}/{target['db']}",
+            redis_timeout=timeout,
+            breakers=dep(
+                max_concurrent_calls=None if ending == "success-derived" else 2,
+                ignore=[NotFound],
+            ),
+        )
+        breaker = (
+            res.breaker("dep", key="host") if ending == "success-derived" else res.breaker("dep")
+        )
+        if ending == "success-derived":  # its family known, then due a refresh when the call ends
+            wait_for(
+                lambda: (
+                    breaker.call(lambda: True)
+                    and breaker._knowledge.admits_member("dep", breaker.name)
+                ),
+                "the family known",
+            )
+        gaps: list[float] = []
+
+        async def body(leave: asyncio.Event) -> str:
+            await leave.wait()
+            if ending == "ignored":
+                raise NotFound("no such order")
+            if ending == "failure":
+                raise Boom("dependency down")
+            return "ok"
+
+        async def ticker() -> None:
+            last = time.monotonic()
+            while True:
+                await asyncio.sleep(0.01)
+                now = time.monotonic()
+                gaps.append(now - last)
+                last = now
+
+        async def main() -> None:
+            leave = asyncio.Event()
+            call = asyncio.ensure_future(breaker.acall(body, leave))
+            await asyncio.sleep(0.3 if ending == "success-derived" else 0.05)
+            if ending == "success-derived":  # past half the staleness bound: a refresh is due
+                await asyncio.sleep(MAX_KNOWLEDGE_AGE / 2)
+            proxy.blackhole()  # Redis hangs from now on
+            beat = asyncio.ensure_future(ticker())
+            if ending == "cancelled":
+                call.cancel()
+            else:
+                leave.set()
+            with contextlib.suppress(BaseException):
+                await call
+            await asyncio.sleep(timeout * 1.5)  # whatever was sent has met the timeout
+            beat.cancel()
+
+        run(main())
+    finally:
+        proxy.close()
+    # The loop ran other coroutines all along: no pause near the client's timeout.
+    assert gaps
+    assert max(gaps) < timeout / 2, f"the event loop stood still for {max(gaps):.2f}s"

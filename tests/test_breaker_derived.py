@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -15,6 +14,8 @@ from celery import Celery
 
 from celery_resilience import BreakerOpen, ConfigurationError, Resilience
 from celery_resilience.breaker import Breaker
+from tests.support.resilience import MakeResilience
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -27,29 +28,9 @@ def boom() -> None:
     raise Boom("host down")
 
 
-MakeResilience = Callable[..., Resilience]
-
-
-@pytest.fixture
-def make_resilience(redis_url: str, key_prefix: str) -> Iterator[MakeResilience]:
-    """A fresh ``Resilience`` (one "worker") on this test's prefix; ``hook`` gets options."""
-    made: list[Resilience] = []
-
-    def make(**options: Any) -> Resilience:
-        app = Celery("t", broker=redis_url, set_as_current=False)
-        app.conf.resilience_key_prefix = key_prefix
-        app.conf.resilience_redis_url = redis_url
-        app.conf.resilience_breakers = {
-            "hook": {"failure_threshold": 2, "open_timeout": 30.0, **options},
-            "other": {},
-        }
-        resilience = Resilience(app)
-        made.append(resilience)
-        return resilience
-
-    yield make
-    for resilience in made:
-        resilience.runtime.close()
+def hooks(**options: Any) -> dict[str, Any]:
+    """The breakers of these tests: ``hook`` (derived per host), with ``options``, and ``other``."""
+    return {"hook": {"failure_threshold": 2, "open_timeout": 30.0, **options}, "other": {}}
 
 
 def fail(breaker: Breaker, times: int) -> None:
@@ -61,13 +42,6 @@ def fail(breaker: Breaker, times: int) -> None:
 #: A process must hear a change well before what it knew could age out (``MAX_KNOWLEDGE_AGE``, 2 s):
 #: a wait longer than that would pass on the age alone.
 HEARD = 1.0
-
-
-def wait_until(condition: Callable[[], bool], what: str, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.01)
 
 
 def counting(resilience: Resilience) -> list[int]:
@@ -91,7 +65,7 @@ def know_family(resilience: Resilience) -> None:
         resilience.breaker("hook", key="warm").call(int)
         return resilience.runtime.knowledge.admits_member("hook", "hook:never-called")
 
-    wait_until(known, "the family known")
+    wait_for(known, "the family known")
 
 
 def prune(resilience: Resilience) -> None:
@@ -105,7 +79,7 @@ def keys_of(client: redis.Redis, prefix: str) -> list[str]:
 
 
 def test_a_dead_host_opens_its_own_breaker_only(make_resilience: MakeResilience) -> None:
-    resilience = make_resilience()
+    resilience = make_resilience(breakers=hooks())
     dead, alive = (
         resilience.breaker("hook", key="dead.example"),
         resilience.breaker("hook", key="a"),
@@ -121,11 +95,11 @@ def test_a_dead_host_opens_its_own_breaker_only(make_resilience: MakeResilience)
     assert resilience.breaker("hook").state == "closed"  # the declared one is another breaker
     # The same name is the same breaker, whoever names it.
     assert resilience.breaker("hook:dead.example").state == "open"
-    assert make_resilience().breaker("hook", key="dead.example").state == "open"
+    assert make_resilience(breakers=hooks()).breaker("hook", key="dead.example").state == "open"
 
 
 def test_a_key_needs_a_declared_base_and_a_usable_key(make_resilience: MakeResilience) -> None:
-    resilience = make_resilience()
+    resilience = make_resilience(breakers=hooks())
     with pytest.raises(ConfigurationError, match="'undeclared' is not in resilience_breakers"):
         resilience.breaker("undeclared", key="a")
     for bad in ("", "x" * 201, "{slot}"):
@@ -136,7 +110,7 @@ def test_a_key_needs_a_declared_base_and_a_usable_key(make_resilience: MakeResil
 def test_closed_members_are_admitted_without_a_round_trip(make_resilience: MakeResilience) -> None:
     """Once the family is known, calls spread over 1,000 hosts (each called about once) cost
     next to nothing: the family's refresh, at most one a second, carries their successes."""
-    resilience = make_resilience()
+    resilience = make_resilience(breakers=hooks())
     store = resilience.runtime.breaker_store
     fail(resilience.breaker("hook", key="down"), 2)
     know_family(resilience)
@@ -160,18 +134,18 @@ def test_closed_members_are_admitted_without_a_round_trip(make_resilience: MakeR
 
 
 def test_every_process_hears_a_member_trip_at_once(make_resilience: MakeResilience) -> None:
-    one, two = make_resilience(), make_resilience()
+    one, two = make_resilience(breakers=hooks()), make_resilience(breakers=hooks())
     know_family(two)
     assert two.runtime.knowledge.admits_member("hook", "hook:x")
     fail(one.breaker("hook", key="x"), 2)
-    wait_until(
+    wait_for(
         lambda: not two.runtime.knowledge.admits_member("hook", "hook:x"), "two hears x", HEARD
     )
     with pytest.raises(BreakerOpen):
         two.breaker("hook", key="x").call(lambda: None)
     assert two.runtime.knowledge.admits_member("hook", "hook:b")  # the rest of the family holds
     one.breaker("hook", key="x").reset()
-    wait_until(
+    wait_for(
         lambda: two.runtime.knowledge.admits_member("hook", "hook:x"), "two hears x reset", HEARD
     )
 
@@ -180,7 +154,7 @@ def test_a_family_made_again_is_not_trusted(
     make_resilience: MakeResilience, redis_client: redis.Redis, key_prefix: str
 ) -> None:
     """Keys deleted behind the processes' back (a FLUSHDB, eviction): a new family epoch."""
-    one, two = make_resilience(), make_resilience()
+    one, two = make_resilience(breakers=hooks()), make_resilience(breakers=hooks())
     fail(one.breaker("hook", key="x"), 2)
     know_family(two)
     assert not two.runtime.knowledge.admits_member("hook", "hook:x")
@@ -188,7 +162,7 @@ def test_a_family_made_again_is_not_trusted(
         if "{" + key_prefix + ":breaker:hook}" in key:
             redis_client.delete(key)
     fail(one.breaker("hook", key="z"), 1)  # writes a new family hash, a new epoch
-    wait_until(
+    wait_for(
         lambda: not two.runtime.knowledge.admits_member("hook", "hook:y"), "two drops it", HEARD
     )
 
@@ -196,14 +170,16 @@ def test_a_family_made_again_is_not_trusted(
         two.breaker("hook", key="y").call(lambda: None)
         return two.runtime.knowledge.admits_member("hook", "hook:x")  # x's keys are gone: closed
 
-    wait_until(learnt_again, "two learns the new family")
+    wait_for(learnt_again, "two learns the new family")
 
 
 def test_an_idle_member_leaves_no_keys_behind(
     make_resilience: MakeResilience, redis_client: redis.Redis, key_prefix: str
 ) -> None:
     resilience = make_resilience(
-        idle_timeout=1.5, open_timeout=0.3, window=1.0, probe_lease=1.0, call_lease=1.0
+        breakers=hooks(
+            idle_timeout=1.5, open_timeout=0.3, window=1.0, probe_lease=1.0, call_lease=1.0
+        )
     )
     fail(resilience.breaker("hook", key="gone"), 2)
     resilience.breaker("other").call(lambda: None)
@@ -231,8 +207,8 @@ def test_a_forced_member_is_kept_until_a_person_ends_it(
     """Forcing a host's breaker open (a maintenance window) holds past ``idle_timeout``, and its
     family is not forgotten meanwhile; once reset, it goes the way of any idle member."""
     quick = {"idle_timeout": 1.0, "open_timeout": 0.3, "window": 0.5, "probe_lease": 0.5}
-    resilience = make_resilience(**quick, call_lease=0.5)
-    other = make_resilience(**quick, call_lease=0.5)
+    resilience = make_resilience(breakers=hooks(**quick, call_lease=0.5))
+    other = make_resilience(breakers=hooks(**quick, call_lease=0.5))
     know_family(other)
     resilience.breaker("hook", key="maintained").force_open()
     fail(resilience.breaker("hook", key="flaky"), 1)
@@ -254,7 +230,7 @@ def test_a_forced_member_is_kept_until_a_person_ends_it(
 def test_successes_held_back_reach_the_familys_totals_on_flush(
     make_resilience: MakeResilience, redis_client: redis.Redis, key_prefix: str
 ) -> None:
-    resilience = make_resilience()
+    resilience = make_resilience(breakers=hooks())
     know_family(resilience)
     resilience.runtime.flush()  # the warm-up calls' own held-back successes, counted before
     before = int(redis_client.hget(f"{{{key_prefix}:breaker:hook}}:family", "calls_total") or 0)
@@ -283,7 +259,7 @@ def test_a_lost_index_of_troubled_members_is_rebuilt_and_never_trusted_meanwhile
     """``troubled`` evicted alone (or restored from an older backup): the family's count says
     it lost members, the next refresh rebuilds it from the members' own state under a new epoch,
     and no process admits calls on the open member for longer than the staleness bound."""
-    one, two = make_resilience(), make_resilience()
+    one, two = make_resilience(breakers=hooks()), make_resilience(breakers=hooks())
     fail(one.breaker("hook", key="x"), 2)
     know_family(two)
     assert not two.runtime.knowledge.admits_member("hook", "hook:x")
@@ -309,7 +285,7 @@ def test_a_members_bulkhead_slot_and_probe_lease_expire_with_it(
 ) -> None:
     """A slot or a probe lease written with nothing else (a worker killed holding it) must not
     outlive the member: its zset expires too."""
-    resilience = make_resilience(max_concurrent_calls=2, open_timeout=0.2)
+    resilience = make_resilience(breakers=hooks(max_concurrent_calls=2, open_timeout=0.2))
     resilience.breaker("hook", key="slot").acquire()  # never settled: its holder died
     tag = f"{{{key_prefix}:breaker:hook}}"
     assert redis_client.pttl(f"{tag}:key:slot:calls") > 0

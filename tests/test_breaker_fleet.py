@@ -8,28 +8,30 @@ processes start together behind a barrier so that they really race on the Lua sc
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import signal
 import time
 from collections import Counter
-from collections.abc import Iterator
 from multiprocessing.process import BaseProcess
 from typing import Any, cast
 
 import pytest
 import redis
-from celery import Celery
 
 from celery_resilience import BreakerOpen, Resilience
 from celery_resilience.breaker import Breaker
+from tests.support.fleet import (
+    BARRIER_TIMEOUT,
+    JOIN_TIMEOUT,
+    SPAWN,
+    fleet_resilience,
+    join_all,
+    redis_time_us,
+    start,
+)
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-SPAWN = multiprocessing.get_context("spawn")
-#: Generous timeouts: a slow spawn or a busy 2-core machine must not break a barrier.
-BARRIER_TIMEOUT = 60.0
-JOIN_TIMEOUT = 30.0
 
 
 class DependencyDown(ConnectionError):
@@ -37,17 +39,6 @@ class DependencyDown(ConnectionError):
 
 
 # -- helpers shared by the parent and the spawned processes -----------------------------------
-def make_resilience(redis_url: str, prefix: str, options: dict[str, Any]) -> Resilience:
-    app = Celery("t", broker=redis_url, set_as_current=False)
-    app.conf.resilience_redis_url = redis_url
-    app.conf.resilience_key_prefix = prefix
-    # The default 0.5 s is tight for 16 processes on 2 cores; these tests are about atomicity,
-    # not about Redis timeouts (a timed-out script is re-sent by redis-py's retry).
-    app.conf.resilience_redis_timeout = 5.0
-    app.conf.resilience_breakers = {"dep": options}
-    return Resilience(app)
-
-
 def watch(resilience: Resilience) -> Counter[str]:
     """Count the transitions that this process's own script calls made."""
     seen: Counter[str] = Counter()
@@ -55,40 +46,6 @@ def watch(resilience: Resilience) -> Counter[str]:
         lambda _name, transition, _state: seen.update([transition])
     )
     return seen
-
-
-def redis_time_us(client: redis.Redis) -> int:
-    seconds, micros = client.time()
-    return seconds * 1_000_000 + micros
-
-
-def stop(processes: list[BaseProcess]) -> None:
-    """Kill, by PID, whichever of our own processes is still running."""
-    for process in processes:
-        if process.pid is not None and process.is_alive():
-            os.kill(process.pid, signal.SIGKILL)
-        process.join(JOIN_TIMEOUT)
-
-
-@pytest.fixture
-def started() -> Iterator[list[BaseProcess]]:
-    """Processes a test starts; any left alive are SIGKILLed by PID at teardown."""
-    processes: list[BaseProcess] = []
-    yield processes
-    stop(processes)
-
-
-def start(started: list[BaseProcess], target: Any, *args: Any) -> BaseProcess:
-    process = SPAWN.Process(target=target, args=args, daemon=True)
-    process.start()
-    started.append(process)
-    return process
-
-
-def join_all(processes: list[BaseProcess]) -> None:
-    for process in processes:
-        process.join(JOIN_TIMEOUT)
-    assert [p.exitcode for p in processes] == [0] * len(processes)
 
 
 def trip(breaker: Breaker, failures: int) -> None:
@@ -105,12 +62,9 @@ def trip(breaker: Breaker, failures: int) -> None:
     assert snap["state"] in ("open", "half_open")
 
 
-def wait_for_half_open(breaker: Breaker, timeout: float = 5.0) -> None:
+def wait_for_half_open(breaker: Breaker) -> None:
     """An open breaker whose ``open_timeout`` has passed (Redis time) reads as ``half_open``."""
-    deadline = time.monotonic() + timeout
-    while breaker.snapshot()["state"] != "half_open":
-        assert time.monotonic() < deadline, "breaker never reached its open timeout"
-        time.sleep(0.01)
+    wait_for(lambda: breaker.snapshot()["state"] == "half_open", "the breaker's open timeout")
 
 
 # -- 1. a fleet hammering one failing dependency ----------------------------------------------
@@ -129,7 +83,7 @@ REJECTED_PAUSE = 0.003
 def fleet_worker(
     redis_url: str, prefix: str, barrier: Any, seconds: float, pause: float
 ) -> None:  # pragma: no cover - runs in a spawned process
-    resilience = make_resilience(redis_url, prefix, FLEET_OPTIONS)
+    resilience = fleet_resilience(redis_url, prefix, FLEET_OPTIONS)
     breaker = resilience.breaker("dep")
     seen = watch(resilience)
     client = resilience.runtime.redis
@@ -178,7 +132,7 @@ def test_fleet_makes_each_transition_once_and_bounds_dependency_calls(
     # then
     reports = [json.loads(r) for r in redis_client.lrange(f"{key_prefix}:reports", 0, -1)]
     calls = [line.split() for line in redis_client.lrange(f"{key_prefix}:calls", 0, -1)]
-    snap = make_resilience(redis_url, key_prefix, FLEET_OPTIONS).breaker("dep").snapshot()
+    snap = fleet_resilience(redis_url, key_prefix, FLEET_OPTIONS).breaker("dep").snapshot()
     seen: Counter[str] = Counter()
     for report in reports:
         seen.update(report["seen"])
@@ -231,7 +185,7 @@ LEASE_OPTIONS = {
 
 def probe_holder(redis_url: str, prefix: str) -> None:  # pragma: no cover - spawned process
     """Take the half-open probe, say so, and hang without ever recording an outcome."""
-    resilience = make_resilience(redis_url, prefix, LEASE_OPTIONS)
+    resilience = fleet_resilience(redis_url, prefix, LEASE_OPTIONS)
     permit = resilience.breaker("dep").acquire()
     resilience.runtime.redis.rpush(
         f"{prefix}:holder", f"{os.getpid()} {permit.kind} {permit.permit_id}"
@@ -246,7 +200,7 @@ def test_probe_of_a_killed_process_is_released_when_its_lease_ends(
     key_prefix: str,
     started: list[BaseProcess],
 ) -> None:
-    resilience = make_resilience(redis_url, key_prefix, LEASE_OPTIONS)
+    resilience = fleet_resilience(redis_url, key_prefix, LEASE_OPTIONS)
     breaker = resilience.breaker("dep")
     seen = watch(resilience)
     trip(breaker, 1)
@@ -303,7 +257,7 @@ def probe_racer(
     redis_url: str, prefix: str, options: dict[str, Any], barrier: Any
 ) -> None:  # pragma: no cover - spawned process
     """Ask once for a permit at the start line; report; exit holding any probe (no record)."""
-    resilience = make_resilience(redis_url, prefix, options)
+    resilience = fleet_resilience(redis_url, prefix, options)
     breaker = resilience.breaker("dep")
     seen = watch(resilience)
     breaker.snapshot()  # connect before the start line
@@ -337,7 +291,7 @@ def test_half_open_admits_at_most_max_calls_probes_across_the_fleet(
         for _ in range(processes)
     ]
     # given: a breaker past its open timeout, ready to half-open
-    breaker = make_resilience(redis_url, key_prefix, options).breaker("dep")
+    breaker = fleet_resilience(redis_url, key_prefix, options).breaker("dep")
     trip(breaker, 1)
     wait_for_half_open(breaker)
 

@@ -12,6 +12,7 @@ from celery import Celery
 
 from celery_resilience import Resilience
 from celery_resilience.breaker import Breaker
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -62,13 +63,6 @@ def learnt(breaker: Breaker) -> Breaker:
     return breaker
 
 
-def wait_for(condition: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + 5.0
-    while not condition():
-        assert time.monotonic() < deadline, "the condition never held"
-        time.sleep(0.002)
-
-
 def test_a_new_breaker_is_known_closed_and_then_costs_no_round_trip(
     make_breaker: MakeBreaker,
 ) -> None:
@@ -87,11 +81,11 @@ def test_a_page_process_hears_another_process_open_and_reset_the_breaker(
     scripts = Scripts(page)
     with pytest.raises(ConnectionError):
         worker.call(refuse)
-    wait_for(lambda: page.known_state() == "open")
+    wait_for(lambda: page.known_state() == "open", "the page to know it open")
     worker.force_open()
-    wait_for(lambda: page.known_state() == "forced_open")
+    wait_for(lambda: page.known_state() == "forced_open", "the page to know it forced")
     worker.reset()
-    wait_for(lambda: page.known_state() == "closed")
+    wait_for(lambda: page.known_state() == "closed", "the page to know it closed")
     assert scripts.count == 0  # every answer came from the change feed
 
 
@@ -101,11 +95,11 @@ def test_an_open_breaker_past_its_timeout_reads_open_until_a_caller_asks_for_a_p
     page, worker = learnt(make_breaker(open_timeout=0.2)), make_breaker(open_timeout=0.2)
     with pytest.raises(ConnectionError):
         worker.call(refuse)
-    wait_for(lambda: page.known_state() == "open")
-    wait_for(lambda: page.state == "half_open")  # a snapshot reads the timeout as passed...
+    wait_for(lambda: page.known_state() == "open", "the page to know it open")
+    wait_for(lambda: page.state == "half_open", "a half-open snapshot")  # the timeout passed...
     assert page.known_state() == "open"  # ...the view holds what the scripts last changed
     assert worker.call(lambda: "probe") == "probe"  # the probe's success closes it
-    wait_for(lambda: page.known_state() == "closed")
+    wait_for(lambda: page.known_state() == "closed", "the page to know it closed")
 
 
 def refuse() -> None:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from celery_resilience.breaker import model
-from celery_resilience.breaker.types import BreakerState, Change, Decision, Kind, Limits
+from celery_resilience.breaker.types import US, BreakerState, Change, Decision, Kind, Limits
 from celery_resilience.config import BreakerConfig
 
 pytestmark = pytest.mark.unit
@@ -314,6 +314,49 @@ def test_reset_ends_forced_open() -> None:
     assert b.acquire()[0].kind == "normal"
 
 
+# -- maintenance windows ------------------------------------------------------------------
+def test_a_window_ends_by_resetting_its_breaker_once_its_time_is_up() -> None:
+    b = Pinned()
+    until = b.now + 10 * US
+    assert model.force(b.state, "open", "w1", until) == Change("forced_open", "forced_open")
+    assert b.snapshot()["window"] == "w1"
+    assert model.end_window(b.state, b.now, "w1") == Change("forced_open", None)  # not yet
+    b.advance(10.0)
+    assert model.end_window(b.state, b.now, "w1") == Change("closed", "reset")
+    assert b.snapshot()["window"] == ""
+    assert model.end_window(b.state, b.now, "w1") == Change("closed", None)  # once
+
+
+@pytest.mark.parametrize("order", ["open", "closed", "reset"])
+def test_every_other_order_drops_the_window_so_its_end_changes_nothing(order: str) -> None:
+    b = Pinned()
+    model.force(b.state, "open", "w1", b.now + US)
+    model.force(b.state, order)  # type: ignore[arg-type]  # a person's lever, no window
+    b.advance(2.0)
+    state = b.state.state
+    assert model.end_window(b.state, b.now, "w1") == Change(state, None)
+    assert b.snapshot()["window"] == ""
+
+
+def test_a_new_window_replaces_the_old_one_whose_end_changes_nothing() -> None:
+    b = Pinned()
+    model.force(b.state, "open", "w1", b.now + US)
+    assert model.force(b.state, "open", "w2", 0) == Change("forced_open", None)  # no end
+    b.advance(3600.0)
+    assert model.end_window(b.state, b.now, "w1") == Change("forced_open", None)
+    assert model.end_window(b.state, b.now, "w2") == Change("forced_open", None)
+    assert b.snapshot()["window"] == "w2"
+
+
+def test_a_window_recorded_without_an_id_ends_a_breaker_no_window_holds() -> None:
+    b = Pinned()
+    model.force(b.state, "open", "w1", b.now + US)
+    b.advance(2.0)
+    assert model.end_window(b.state, b.now, "") == Change("forced_open", None)  # w1 holds it
+    model.force(b.state, "open")  # as a release before windows held anything
+    assert model.end_window(b.state, b.now, "") == Change("closed", "reset")
+
+
 # -- deferred successes -------------------------------------------------------------------
 def test_deferred_successes_count_in_the_window_but_end_no_streak_of_failures() -> None:
     # They may be older than failures other processes recorded meanwhile.
@@ -372,4 +415,6 @@ def test_totals_count_every_call_rejection_and_transition() -> None:
         "successes_total": 5,
         "rejected_total": 2,
         "bulkhead_rejected_total": 0,
+        "retry_budget_refused_total": 0,
+        "rate_limited_total": 0,
     }

@@ -2,7 +2,8 @@
 
 Hypothesis drives random sequences of acquire (with and without the delivery questions: the
 redelivery count, the dedup marker and the claim of a task id) / record / release / mark done /
-give a claim back / advance time / force through all three with the same pinned clock, on
+give a claim back / advance time / force (starting maintenance windows or dropping them) /
+end a window through all three with the same pinned clock, on
 breakers with and without a bulkhead; any divergence is a bug in the scripts (the model is the
 spec). The view each call returns (version, streak) must agree too, and every change of it must
 be published once, in order, on the Redis channel and to the memory store's watchers.
@@ -13,8 +14,8 @@ from __future__ import annotations
 import dataclasses
 import time
 import uuid
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, cast
 
 import pytest
 import redis
@@ -30,12 +31,15 @@ from hypothesis.stateful import (
 )
 
 from celery_resilience.breaker import MemoryBreakerStore, RedisBreakerStore, model
-from celery_resilience.breaker.store import Delivery
+from celery_resilience.breaker.store import DeliveryQuestions
 from celery_resilience.breaker.types import Action, BreakerState, Change, Decision, Kind, Limits
 from celery_resilience.breaker.watch import parse_change
 from celery_resilience.config import BreakerConfig
 from celery_resilience.contrib.pytest import delete_prefix
-from tests.conftest import REDIS_URL
+from tests.support.services import REDIS_URL
+
+#: Hypothesis annotates its stateful runner in some releases only.
+run_as_test: Callable[..., None] = run_state_machine_as_test
 
 pytestmark = pytest.mark.contract
 
@@ -78,7 +82,7 @@ class BreakerAgreement(RuleBasedStateMachine):
         self.expected_changes: list[tuple[int, str, bool]] = []
         self.memory_changes: list[tuple[int, str, bool]] = []
         self.memory_store.watch(self._memory_heard, lambda: None, lambda: None)
-        self.pubsub = self.client.pubsub()  # type: ignore[no-untyped-call]  # redis-py's
+        self.pubsub = cast(Any, self.client).pubsub()  # annotated in some releases only
         self.pubsub.subscribe(self.redis_store.channel)
         assert self.pubsub.get_message(timeout=5.0)["type"] == "subscribe"
         self.version = 0
@@ -139,7 +143,7 @@ class BreakerAgreement(RuleBasedStateMachine):
         skip = ""
         deliveries = wait = 0
         if task:  # a task's delivery: the redelivery count and the dedup marker ride along
-            delivery = Delivery(
+            delivery = DeliveryQuestions(
                 task_id=task,
                 retries=0,
                 count=redelivered,
@@ -200,15 +204,20 @@ class BreakerAgreement(RuleBasedStateMachine):
         event(f"unclaim: released={expected}")
 
     @precondition(lambda self: self.permits)
-    @rule(index=st.integers(0, 50), success=st.booleans(), deferred=st.sampled_from([0, 0, 2]))
-    def record(self, index: int, success: bool, deferred: int) -> None:
+    @rule(
+        index=st.integers(0, 50),
+        success=st.booleans(),
+        deferred=st.sampled_from([0, 0, 2]),
+        least=st.sampled_from([0, 0, 0, 3_000_000, 90_000_000]),  # a failure's Retry-After
+    )
+    def record(self, index: int, success: bool, deferred: int, least: int) -> None:
         kind, permit_id = self.permits.pop(index % len(self.permits))
         args = (self.limits, kind, permit_id, success, deferred)
         expected = model.record(
-            self.state, self.limits, self.now, kind, permit_id, success, deferred
+            self.state, self.limits, self.now, kind, permit_id, success, deferred, least
         )
-        got_redis = self.redis_store.record(self.name, *args, now_us=self.now)
-        got_memory = self.memory_store.record(self.name, *args)
+        got_redis = self.redis_store.record(self.name, *args, now_us=self.now, least_open_us=least)
+        got_memory = self.memory_store.record(self.name, *args, least_open_us=least)
         assert got_redis == expected
         assert got_memory == expected
         self._check_view(expected, got_redis, got_memory)
@@ -226,15 +235,71 @@ class BreakerAgreement(RuleBasedStateMachine):
         assert got_memory == expected
         self._check_view(expected, got_redis, got_memory)
 
+    @rule(
+        ratio=st.sampled_from([0.0, 0.1, 0.5]),
+        floor=st.sampled_from([0.0, 0.5, 2.0]),
+        wanted=st.integers(1, 5),
+    )
+    def spend_retries(self, ratio: float, floor: float, wanted: int) -> None:
+        expected = model.spend_retries(self.state, self.limits, self.now, ratio, floor, wanted)
+        args = (self.limits, ratio, floor, wanted)
+        assert self.redis_store.spend_retries(self.name, *args, now_us=self.now) == expected
+        assert self.memory_store.spend_retries(self.name, *args) == expected
+        event(f"spend_retries: {expected}/{wanted}")
+
+    @rule(
+        span=st.sampled_from([0, 100_000, 250_000]),
+        batches=st.sampled_from([1, 1, 3]),
+        refused=st.sampled_from([0, 0, 4]),
+    )
+    def lease_rate(self, span: int, batches: int, refused: int) -> None:
+        """A lease from the rate limit; ``span`` 0: a lease of nothing, which only counts."""
+        burst = span * batches
+        expected = model.lease_rate(self.state, self.now, span, burst, refused)
+        args = (self.limits, span, burst, refused)
+        assert self.redis_store.lease_rate(self.name, *args, now_us=self.now) == expected
+        assert self.memory_store.lease_rate(self.name, *args) == expected
+        event(f"lease_rate: {'granted' if expected == 0 else 'refused'}")
+
     @rule(step=st.sampled_from([1, 1_000, 100_000, 250_000, 600_000, 1_000_000, 4_000_000]))
     def advance(self, step: int) -> None:
         self.now += step
 
-    @rule(action=st.sampled_from(["open", "closed", "reset", "reset", "reset"]))
-    def force(self, action: Action) -> None:
-        expected = model.force(self.state, action)
-        got_redis = self.redis_store.force(self.name, self.limits, action, now_us=self.now)
-        got_memory = self.memory_store.force(self.name, self.limits, action)
+    @rule(
+        action=st.sampled_from(["open", "closed", "reset", "reset", "reset"]),
+        window=st.sampled_from(["", "", "w1", "w2"]),
+        ends_in=st.sampled_from([None, 0, 500_000, 2_000_000]),
+    )
+    def force(self, action: Action, window: str, ends_in: int | None) -> None:
+        """An order; an ``open`` may start maintenance window ``window``, ending ``ends_in``
+        microseconds from now (``None``: not by itself)."""
+        until = 0 if ends_in is None or not window else self.now + ends_in
+        expected = model.force(self.state, action, window, until, self.now)
+        got_redis = self.redis_store.force(
+            self.name, self.limits, action, now_us=self.now, window=window, until_us=until
+        )
+        got_memory = self.memory_store.force(
+            self.name, self.limits, action, window=window, until_us=until
+        )
+        assert got_redis == expected
+        assert got_memory == expected
+        self._check_view(expected, got_redis, got_memory)
+
+    @rule(
+        window=st.sampled_from(["", "w1", "w2"]),
+        recorded_ago=st.sampled_from([-1_000_000, 0, 1_000_000, 3_000_000]),
+    )
+    def end_window(self, window: str, recorded_ago: int) -> None:
+        """A window's end; ``""``: a record of the previous release, written ``recorded_ago``
+        microseconds ago."""
+        recorded = self.now - recorded_ago
+        expected = model.end_window(self.state, self.now, window, recorded)
+        got_redis = self.redis_store.end_window(
+            self.name, self.limits, window, now_us=self.now, recorded_us=recorded
+        )
+        got_memory = self.memory_store.end_window(
+            self.name, self.limits, window, recorded_us=recorded
+        )
         assert got_redis == expected
         assert got_memory == expected
         self._check_view(expected, got_redis, got_memory)
@@ -262,7 +327,7 @@ def agreement_machine() -> Iterator[type[BreakerAgreement]]:
 def test_lua_memory_and_model_agree_on_random_histories(
     agreement_machine: type[BreakerAgreement],
 ) -> None:
-    run_state_machine_as_test(  # type: ignore[no-untyped-call]  # hypothesis leaves it untyped
+    run_as_test(
         agreement_machine,
         settings=settings(
             max_examples=500,

@@ -14,7 +14,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import redis
@@ -240,6 +240,61 @@ def test_every_way_a_call_ends_frees_its_slot(make_breaker: Callable[..., Breake
     breaker.acquire()
 
 
+def test_a_success_on_a_breaker_named_at_call_time_frees_its_slot(
+    redis_url: str, key_prefix: str
+) -> None:
+    # given: a bulkhead of one on a breaker named at call time (its family known after a call)
+    app = Celery("t", broker=redis_url, set_as_current=False)
+    app.conf.resilience_key_prefix = key_prefix
+    app.conf.resilience_redis_url = redis_url
+    app.conf.resilience_breakers = {"hook": {"max_concurrent_calls": 1}}
+    resilience = Resilience(app)
+    host = resilience.breaker("hook", key="example.org")
+    try:
+        # when: calls succeed one after the other
+        results = [host.call(lambda i=i: i) for i in range(5)]
+
+        # then: each success gave its slot back (none held back with the family's successes)
+        assert results == [0, 1, 2, 3, 4]
+        assert host.snapshot()["calls_in_flight"] == 0
+    finally:
+        resilience.runtime.close()
+
+
+def test_what_a_dead_holder_took_is_released_by_its_permit_id_whatever_its_kind(
+    make_breaker: Callable[..., Breaker],
+) -> None:
+    # given: a bulkhead slot, then a half-open probe (with its slot), each taken under an id
+    # another process knows (a task delivery's token, which the worker's main process holds)
+    breaker = make_breaker(max_concurrent_calls=1, failure_threshold=1, open_timeout=0.2)
+    assert breaker.admit(None, "slot-holder").permit is not None
+    breaker.release_lost("slot-holder")  # its pool child died mid-call
+    assert breaker.snapshot()["calls_in_flight"] == 0
+    with pytest.raises(RuntimeError):
+        breaker.call(_raise, RuntimeError("down"))  # trips it
+    time.sleep(0.25)
+    probe = breaker.admit(None, "probe-holder").permit
+    assert probe is not None
+    assert probe.kind == "probe"
+
+    # when: the process that held the probe is gone, and another releases it by its id
+    breaker.release_lost("probe-holder")
+
+    # then: the probe's lease and the slot are free at once, and nothing was judged
+    snap = breaker.snapshot()
+    assert (snap["state"], snap["probes_in_flight"], snap["calls_in_flight"]) == (
+        "half_open",
+        0,
+        0,
+    )
+    assert (snap["calls_total"], snap["failures_total"]) == (1, 1)  # the trip's call only
+    assert breaker.call(lambda: "next probe") == "next probe"
+
+
+def _raise(exc: Exception) -> None:
+    raise exc
+
+
 def test_threads_never_have_more_than_n_calls_in_flight(
     make_breaker: Callable[..., Breaker],
 ) -> None:
@@ -289,7 +344,7 @@ class CommandCount:
 
         def counted(client: redis.Redis, *args: Any, **options: Any) -> Any:
             self.sent += 1
-            return original(client, *args, **options)  # type: ignore[no-untyped-call]
+            return cast(Any, original)(client, *args, **options)
 
         monkeypatch.setattr(redis.Redis, "execute_command", counted)
 

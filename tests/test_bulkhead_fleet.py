@@ -19,15 +19,14 @@ import redis
 
 from celery_resilience import BulkheadFull
 
-from .test_breaker_fleet import (
+from .support.fleet import (
     BARRIER_TIMEOUT,
     JOIN_TIMEOUT,
     SPAWN,
+    fleet_resilience,
     join_all,
-    make_resilience,
     redis_time_us,
     start,
-    started,  # noqa: F401 - the fixture
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -46,7 +45,7 @@ def dependency(client: redis.Redis, prefix: str) -> None:
 
 
 def caller(redis_url: str, prefix: str, barrier: Any) -> None:  # pragma: no cover - spawned
-    resilience = make_resilience(redis_url, prefix, FLEET_OPTIONS)
+    resilience = fleet_resilience(redis_url, prefix, FLEET_OPTIONS)
     breaker = resilience.breaker("dep")
     client = redis.Redis.from_url(redis_url)
     barrier.wait(BARRIER_TIMEOUT)
@@ -65,7 +64,7 @@ def test_a_fleet_of_processes_never_has_more_than_the_limit_in_flight(
     redis_url: str,
     redis_client: redis.Redis,
     key_prefix: str,
-    started: list[BaseProcess],  # noqa: F811
+    started: list[BaseProcess],
 ) -> None:
     processes = 6
     barrier = SPAWN.Barrier(processes)
@@ -86,7 +85,7 @@ def test_a_fleet_of_processes_never_has_more_than_the_limit_in_flight(
     assert max(seen) <= LIMIT, f"{max(seen)} calls in flight at once"
     assert max(seen) == LIMIT
     assert full > 0
-    snap = make_resilience(redis_url, key_prefix, FLEET_OPTIONS).breaker("dep").snapshot()
+    snap = fleet_resilience(redis_url, key_prefix, FLEET_OPTIONS).breaker("dep").snapshot()
     assert (snap["calls_in_flight"], snap["bulkhead_rejected_total"]) == (0, full)
 
 
@@ -95,7 +94,7 @@ LEASE_OPTIONS = {"max_concurrent_calls": 1, "call_lease": 1.0}
 
 def slot_holder(redis_url: str, prefix: str) -> None:  # pragma: no cover - spawned process
     """Take the only slot, say so, and hang without ever reporting an outcome."""
-    resilience = make_resilience(redis_url, prefix, LEASE_OPTIONS)
+    resilience = fleet_resilience(redis_url, prefix, LEASE_OPTIONS)
     permit = resilience.breaker("dep").acquire()
     resilience.runtime.redis.rpush(f"{prefix}:holder", f"{os.getpid()} {permit.permit_id}")
     while True:
@@ -106,9 +105,9 @@ def test_the_slot_of_a_killed_process_comes_back_when_its_lease_ends(
     redis_url: str,
     redis_client: redis.Redis,
     key_prefix: str,
-    started: list[BaseProcess],  # noqa: F811
+    started: list[BaseProcess],
 ) -> None:
-    resilience = make_resilience(redis_url, key_prefix, LEASE_OPTIONS)
+    resilience = fleet_resilience(redis_url, key_prefix, LEASE_OPTIONS)
     breaker = resilience.breaker("dep")
 
     # given: another process took the only slot, then died by SIGKILL without reporting

@@ -23,9 +23,13 @@ from celery import Celery
 
 from celery_resilience import Resilience, ResilientTask
 from celery_resilience.checks import Finding, log_findings, run_checks
+from celery_resilience.config.limits import WorkerLimits
 from celery_resilience.task import resilient_tasks
+from celery_resilience.versions import version_notes
 
 from .apps.workerapp import make_app as make_worker_app
+from .support import cli_forks
+from .support.cli_forks import Forked
 from .support.redis_server import RedisServer, free_port
 from .support.worker_process import WorkerProcess
 
@@ -61,8 +65,10 @@ def make_app(redis_url: str, **conf: Any) -> Celery:
     return app
 
 
-def checks(app: Celery) -> list[Finding]:
+def checks(app: Celery, worker: WorkerLimits | None = None) -> list[Finding]:
+    """What ``celery resilience check`` finds, or a worker with ``worker``'s limits."""
     res = Resilience(app)
+    res.runtime.worker = worker or WorkerLimits()
     try:
         return run_checks(res.runtime, resilient_tasks(app))
     finally:
@@ -71,6 +77,12 @@ def checks(app: Celery) -> list[Finding]:
 
 def redis_findings(findings: list[Finding]) -> list[Finding]:
     return [f for f in findings if f.message.startswith(("Redis ", "Redis at "))]
+
+
+def version_messages() -> set[str]:
+    """What the installed versions make ``check`` say (tests/test_versions.py covers it): left
+    out where a test counts findings, so that a dependency's new release changes nothing here."""
+    return {note.message for note in version_notes()}
 
 
 # -- settings -------------------------------------------------------------------------------------
@@ -113,6 +125,21 @@ def test_max_countdown_not_below_visibility_timeout_is_an_error(
     assert finding.level == "error"
     assert f"resilience_max_countdown ({max_countdown:.0f}s) is not below" in finding.message
     assert "Lower resilience_max_countdown" in finding.message
+
+
+def test_an_entry_lifetime_not_above_the_longest_wait_is_a_warning(server: RedisServer) -> None:
+    """A lifetime starts when an entry is due; one shorter than entries wait (here a retry's
+    countdown) says the app's times were not thought through together."""
+    configure(server, "noeviction", appendonly=True)
+
+    def lifetime_findings(**conf: Any) -> list[Finding]:
+        found = checks(make_app(server.url, **conf))
+        return [f for f in found if "resilience_entry_lifetime" in f.message]
+
+    (finding,) = lifetime_findings(resilience_entry_lifetime=600.0, resilience_max_countdown=900)
+    assert finding.level == "warning"
+    assert "entries may wait 900s (resilience_max_countdown)" in finding.message
+    assert lifetime_findings() == []  # 30 days by default
 
 
 def test_resilient_task_that_a_killed_worker_would_lose_is_an_error_naming_it(
@@ -239,6 +266,89 @@ def test_a_time_limit_longer_than_the_bulkheads_call_lease_is_a_warning(
     ]
 
 
+def test_the_workers_own_time_limits_count_where_its_pool_applies_them(
+    server: RedisServer,
+) -> None:
+    # given: tasks with no time limit of their own, one through a bulkhead
+    configure(server, "noeviction", appendonly=True)
+    app = make_app(
+        server.url,
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        resilience_breakers={"gateway": {"max_concurrent_calls": 4, "call_lease": 30.0}},
+    )
+    options: dict[str, Any] = {"base": ResilientTask, "bind": True, "shared": False}
+
+    @app.task(name="checks.guarded", breaker="gateway", **options)
+    def guarded(self: Any) -> None: ...
+
+    def mine(worker: WorkerLimits | None = None) -> list[str]:
+        found = checks(app, worker)
+        return sorted(
+            " ".join(f.message.split()[:3]) for f in found if f.message.startswith("checks.")
+        )
+
+    # when, then: without a worker, nothing ends a hanging call
+    assert mine() == ["checks.guarded calls through"]
+    # a worker's --time-limit 120 ends it, and outlives the bulkhead's lease
+    assert mine(WorkerLimits(hard=120.0)) == ["checks.guarded may run"]
+    # a worker's --soft-time-limit 20 ends it within the lease
+    assert mine(WorkerLimits(soft=20.0)) == []
+    # a solo worker applies neither
+    unapplied = checks(app, WorkerLimits(hard=120.0, applied=False))
+    assert [f.message for f in unapplied if f.message.startswith("checks.")] == [
+        next(f.message for f in checks(app) if f.message.startswith("checks.")).replace(
+            OUTSIDE_A_WORKER, " (this worker's pool, solo or threads, applies none)"
+        )
+    ]
+    # outside a worker, the finding names the flags it can't see
+    assert OUTSIDE_A_WORKER in next(f.message for f in checks(app) if "guarded" in f.message)
+
+
+#: What a finding about time limits says in a process that is no worker.
+OUTSIDE_A_WORKER = (
+    " of its own or in the app's settings (a worker's --time-limit or --soft-time-limit flag "
+    "applies to it too, and is not seen outside that worker)"
+)
+
+
+def test_deduplicate_without_a_hard_time_limit_is_a_warning(server: RedisServer) -> None:
+    configure(server, "noeviction", appendonly=True)
+    app = make_app(server.url, task_acks_late=True, task_reject_on_worker_lost=True)
+    options: dict[str, Any] = {"base": ResilientTask, "bind": True, "shared": False}
+
+    @app.task(name="checks.unbounded", deduplicate=True, **options)
+    def unbounded(self: Any) -> None: ...
+
+    @app.task(name="checks.limited", deduplicate=True, time_limit=30, **options)
+    def limited(self: Any) -> None: ...
+
+    @app.task(name="checks.soft_only", deduplicate=True, soft_time_limit=30, **options)
+    def soft_only(self: Any) -> None: ...
+
+    def mine(worker: WorkerLimits | None = None) -> list[Finding]:
+        return [f for f in checks(app, worker) if f.message.startswith("checks.")]
+
+    assert mine() == [
+        Finding(
+            "warning",
+            f"checks.{name} has deduplicate=True and no hard time limit of its own or in the "
+            "app's settings (a worker's --time-limit or --soft-time-limit flag applies to it "
+            "too, and is not seen outside that worker): its claim on a task id "
+            "lasts resilience_dedup_lease (600s), so a body that runs longer may run beside a "
+            "second copy, and a worker lost whole (not a pool child) holds the id that long. "
+            "Set the task's time_limit option, the task_time_limit setting or the worker's "
+            "--time-limit flag (the claim then lasts it plus 10s), on a pool that applies it "
+            "(prefork).",
+        )
+        for name in ("soft_only", "unbounded")
+    ]
+    assert mine(WorkerLimits(hard=60.0, in_worker=True)) == []  # celery worker --time-limit 60
+    [in_worker, _] = mine(WorkerLimits(in_worker=True))  # a worker without the flag
+    assert "no hard time limit: its claim" in in_worker.message
+    assert len(mine(WorkerLimits(hard=60.0, applied=False))) == 3  # a solo pool
+
+
 # -- Redis ----------------------------------------------------------------------------------------
 
 
@@ -286,6 +396,7 @@ def test_unreachable_redis_is_an_error() -> None:
 def test_in_memory_store_is_a_warning_not_an_unreachable_redis() -> None:
     app = Celery(f"checks-{uuid.uuid4().hex[:8]}", broker="memory://", set_as_current=False)
     found = run_checks(Resilience(app).runtime, resilient_tasks(app))
+    found = [f for f in found if f.message not in version_messages()]
     assert [f.level for f in found] == ["warning"], found
     assert found[0].message.startswith("resilience_redis_url is memory://")
 
@@ -318,26 +429,17 @@ def test_log_findings_levels(caplog: pytest.LogCaptureFixture) -> None:
 # -- the command ----------------------------------------------------------------------------------
 
 
-def _check_command(env: dict[str, str], *args: str) -> subprocess.Popen[str]:
+def _check_command(env: dict[str, str], *args: str) -> subprocess.Popen[str] | Forked:
     return _cli_command(env, "check", *args)
 
 
-def _cli_command(env: dict[str, str], *args: str) -> subprocess.Popen[str]:
-    command = [sys.executable, "-m", "celery", "-A", "tests.apps.cliapp", "resilience", *args]
-    return subprocess.Popen(
-        command,
-        cwd=ROOT,
-        env={**os.environ, **env},
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+def _cli_command(env: dict[str, str], *args: str) -> subprocess.Popen[str] | Forked:
+    return cli_forks.celery(["-A", "tests.apps.cliapp", "resilience", *args], env)
 
 
-def _finish(process: subprocess.Popen[str]) -> tuple[int, str, str]:
+def _finish(process: subprocess.Popen[str] | Forked) -> tuple[int, str, str]:
     try:
-        stdout, stderr = process.communicate(timeout=60)
+        stdout, stderr = process.communicate(timeout=180)
     except subprocess.TimeoutExpired:
         process.kill()
         stdout, stderr = process.communicate()
@@ -405,7 +507,7 @@ def test_worker_logs_the_findings_when_ready(
         "WORKERAPP_VISIBILITY_TIMEOUT": "3600",
         "WORKERAPP_MAX_COUNTDOWN": "7200",
     }
-    expected = checks(make_worker_app(env))
+    expected = checks(make_worker_app(env), WorkerLimits(applied=False))  # a solo pool
     # The two this configuration is about (max_countdown, nothing on disk) are errors; the
     # eviction policy and the test app's own tasks add warnings.
     levels = [f.level for f in expected]
@@ -444,7 +546,9 @@ def test_checks_run_on_worker_ready_signal(
         worker_ready.send(sender=consumer)
     finally:
         Resilience.for_app(app).runtime.close()
-    messages = [r.getMessage() for r in caplog.records if r.name == "celery_resilience.checks"]
+    logged = [r.getMessage() for r in caplog.records if r.name == "celery_resilience.checks"]
+    notes = {f"celery-resilience check: {message}" for message in version_messages()}
+    messages = [m for m in logged if m not in notes]
     assert len(messages) == 1, messages
     assert "keeps nothing on disk" in messages[0]
 
@@ -519,7 +623,7 @@ def test_without_an_app_the_cli_says_none_was_given() -> None:
             env=env,
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=180,
             check=False,
         )
         assert done.returncode == 1, done

@@ -8,7 +8,6 @@ costs most of a second, so read-only commands of one test run side by side (:met
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import re
@@ -19,139 +18,17 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from pathlib import Path
-from typing import Any
 
 import pytest
 import redis
 
-from celery_resilience import ParkedTask, Resilience, maintenance
+from celery_resilience import ParkedTask, maintenance
 from celery_resilience.backout import Filter
 from celery_resilience.contrib.pytest import delete_prefix
-from tests.apps import cliapp
+from tests.support.cli import CLI_TIMEOUT, Cli, Result
+from tests.support.worker_process import ROOT
 
 pytestmark = pytest.mark.integration
-
-ROOT = Path(__file__).resolve().parent.parent
-CLI_TIMEOUT = 60.0
-
-
-@dataclass
-class Result:
-    args: tuple[str, ...]
-    returncode: int
-    stdout: str
-    stderr: str
-
-    def json(self) -> Any:
-        return json.loads(self.stdout)
-
-    def __str__(self) -> str:
-        return (
-            f"celery resilience {' '.join(self.args)} -> {self.returncode}\n"
-            f"--- stdout\n{self.stdout}--- stderr\n{self.stderr}"
-        )
-
-
-class Cli:
-    """One test's world: the app, its ``Resilience``, and the command run against it."""
-
-    def __init__(self, env: dict[str, str], client: redis.Redis) -> None:
-        self.env = env
-        self.client = client
-        self.app = cliapp.make_app(env)
-        self.res = Resilience(self.app)
-        self.store = self.res.runtime.backout_store
-        self.queue_key = cliapp.broker_keyprefix(env["CLIAPP_PREFIX"]) + env["CLIAPP_QUEUE"]
-
-    def _start(self, args: tuple[str, ...]) -> subprocess.Popen[str]:
-        command = [sys.executable, "-m", "celery", "-A", "tests.apps.cliapp", "resilience", *args]
-        return subprocess.Popen(
-            command,
-            cwd=ROOT,
-            env={**os.environ, **self.env},
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-
-    def many(self, *commands: tuple[str, ...]) -> list[Result]:
-        """Run the commands side by side (they must not depend on each other)."""
-        started = [(args, self._start(args)) for args in commands]
-        results = []
-        for args, process in started:
-            try:
-                stdout, stderr = process.communicate(timeout=CLI_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                stdout, stderr = process.communicate()
-                pytest.fail(f"celery resilience {' '.join(args)} hung:\n{stdout}\n{stderr}")
-            results.append(Result(args, process.returncode, stdout, stderr))
-        return results
-
-    def __call__(self, *args: str, rc: int | None = 0) -> Result:
-        (result,) = self.many(args)
-        if rc is not None:
-            assert result.returncode == rc, str(result)
-        return result
-
-    # -- the world as the test sees it -------------------------------------------------------
-    def park(
-        self,
-        n: int,
-        *,
-        task_name: str = "cliapp.charge",
-        breaker: str | None = "payments",
-        reason: str = "breaker_open",
-        status: str = "parked",
-        exc: BaseException | None = None,
-        **fields: Any,
-    ) -> ParkedTask:
-        """Park entry number ``n``: parked ``n`` seconds after a fixed past time (newer = more)."""
-        values: dict[str, Any] = {
-            "task_name": task_name,
-            "task_id": f"{self.env['CLIAPP_PREFIX']}-task-{n}",
-            "args": [f"order-{n}"],
-            "kwargs": {"amount": n, "note": "naïve ☃"},
-            "breaker": breaker,
-            "reason": reason,
-            "status": status,
-            "parked_at": time.time() - 1000 + n,
-            "exc": exc,
-        }
-        if status == "dead":
-            values["dead_reason"] = "max_replays"
-        values.update(fields)
-        entry = ParkedTask.new(**values)
-        self.store.park(entry)
-        return entry
-
-    def published(self) -> list[dict[str, Any]]:
-        """Headers of the messages in the app's queue (the Redis broker's list), oldest first."""
-        raw = self.client.lrange(self.queue_key, 0, -1)
-        messages = [json.loads(m) for m in reversed(raw)]  # kombu LPUSHes, workers BRPOP
-        for message in messages:
-            body = message["body"]
-            if message["properties"].get("body_encoding") == "base64":
-                body = base64.b64decode(body)
-            message["headers"]["_body"] = json.loads(body)
-        return [m["headers"] for m in messages]
-
-    def ids(self, **filters: Any) -> list[str]:
-        return [e.id for e in self.store.list(Filter(**filters), limit=10_000)]
-
-
-@pytest.fixture
-def cli(key_prefix: str, redis_url: str, redis_client: redis.Redis) -> Iterator[Cli]:
-    env = {
-        "CLIAPP_PREFIX": key_prefix,
-        "CLIAPP_BROKER": redis_url,
-        "CLIAPP_QUEUE": f"{key_prefix}-queue",
-    }
-    world = Cli(env, redis_client)
-    yield world
-    world.res.runtime.close()
 
 
 def _boom() -> ValueError:
@@ -665,6 +542,9 @@ def test_status_watch_refreshes_until_ctrl_c(cli: Cli) -> None:
         [*command, "--watch", "--interval", "0.3"],
         cwd=ROOT,
         env={**os.environ, **cli.env},
+        # Ctrl-C as a terminal delivers it: a suite started in the background of a shell
+        # without job control hands its children SIGINT ignored.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # noqa: PLW1509
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -827,6 +707,60 @@ def test_sensitive_arguments_are_masked_in_list_show_and_json(cli: Cli) -> None:
     stored = cli.store.get(plain.id)  # masked on the way out only
     assert stored is not None
     assert stored.kwargs["card_token"] == "tok_visa_4242"
+
+
+def test_a_sensitive_argument_passed_by_position_is_masked_in_list_show_and_json(
+    cli: Cli,
+) -> None:
+    # cliapp.charge(self, order_id, amount=1, note="", currency="EUR"): "note" is made sensitive
+    cli.env["CLIAPP_CONF"] = json.dumps({"resilience_sensitive_keys": ["card_token", "note"]})
+    token = "tok_mc_5555"
+    by_position = cli.park(
+        1,
+        args=["order-1", 5, token],
+        kwargs={},
+        exc=ValueError(f"gateway refused note {token}"),
+    )
+    unknown = cli.park(2, task_name="cliapp.gone", args=[token], kwargs={"amount": 2})
+    results = cli.many(
+        ("list",),
+        ("list", "--json"),
+        ("show", by_position.id),
+        ("show", by_position.id, "--json"),
+        ("show", unknown.id, "--json"),
+    )
+    for result in results:
+        assert result.returncode == 0, str(result)
+        assert token not in result.stdout, str(result)
+    listing, as_json, human, shown, gone = results
+    assert "'order-1', 5, '***'" in listing.stdout
+    assert "ValueError: gateway refused" in listing.stdout  # cut to the column
+    assert {e["id"]: e["args"] for e in as_json.json()}[by_position.id] == ["order-1", 5, "***"]
+    assert "gateway refused note ***" in human.stdout
+    assert shown.json()["args"] == ["order-1", 5, "***"]
+    assert shown.json()["exc_message"] == "gateway refused note ***"
+    assert token not in shown.json()["traceback"]
+    # A task this process does not know: its positions can't be named, so all are masked.
+    assert gone.json()["args"] == ["***"]
+    assert gone.json()["kwargs"] == {"amount": 2}
+
+
+def test_list_and_show_escape_the_control_sequences_of_stored_text(cli: Cli) -> None:
+    """A stored error that writes the clipboard (OSC 52), reorders the line (a bidi override)
+    or holds C1 and C0 controls is shown escaped, never sent to the terminal as it is."""
+    controls = ("\x1b", "\x07", "\x9b", "\u202e", "\r", "\x00")
+    nasty = "\x1b]52;c;ZWNobyBwd25lZA==\x07 \u202eevil\u202c \x9b31m red \r over \x00"
+    entry = cli.park(1, exc=ConnectionError(nasty), kwargs={"note": nasty})
+    results = cli.many(("list",), ("show", entry.id), ("list", "--json"))
+    for result in results:
+        assert result.returncode == 0, str(result)
+        assert not [c for c in controls if c in result.stdout], str(result)
+    listing, shown, as_json = results
+    assert "\\x1b]52;c;" in listing.stdout  # the rest is cut to the column
+    assert "\\x1b]52;c;" in shown.stdout
+    assert "\\u202eevil" in shown.stdout
+    assert "\\x9b31m" in shown.stdout
+    assert as_json.json()[0]["exc_message"] == nasty  # JSON escapes them itself
 
 
 # -- replay --all asks; errors name the server; levers take a reason; --help has examples ------

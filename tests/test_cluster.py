@@ -32,7 +32,7 @@ from celery_resilience.contrib.pytest import delete_prefix
 from celery_resilience.redis_io import make_client
 from tests.support.deploy_world import World, metric, require_redis_7, world_env
 from tests.support.redis_cluster import RedisClusterServers
-from tests.support.worker_process import wait_until
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -146,7 +146,7 @@ def parked(world: World) -> Parked:
     world.set_dependency(False, second)
     charges = world.publish("workerapp.charge", CHARGES, "charge")
     lookups = world.publish("deployapp.lookup", LOOKUPS, "lookup")
-    wait_until(
+    wait_for(
         lambda: sorted(world.parked_task_ids()) == sorted(charges + lookups),
         "every task parked",
         40,
@@ -272,7 +272,7 @@ def test_the_change_feed_reaches_a_subscriber_on_another_primary(
         assert live.wait(10), "the feed never went live"
         store.force(name, Limits.of(BreakerConfig()), "open")
         change = (name, 1, "forced_open", False)
-        wait_until(lambda: any(h[:4] == change for h in heard), "the change", 5)
+        wait_for(lambda: any(h[:4] == change for h in heard), "the change", 5)
     finally:
         watch.close()
         delete_prefix(store.client, prefix)
@@ -300,7 +300,7 @@ def test_breakers_named_at_call_time_keep_their_family_in_one_slot(
         for n in range(5):
             with pytest.raises(ZeroDivisionError):
                 one.breaker("hook", key=f"host-{n}.example").call(lambda: 1 / 0)
-        wait_until(
+        wait_for(
             lambda: not two.runtime.knowledge.admits_member("hook", "hook:host-4.example"),
             "the other process hears the member trip",
             5,
@@ -344,7 +344,7 @@ def test_the_drain_replays_every_parked_task_once(world: World, parked: Parked) 
     (report,) = world.cli_json(("drain",))
     assert report["replayed"] == CHARGES + LOOKUPS
     everything = set(parked.charges) | set(parked.lookups)
-    wait_until(lambda: world.succeeded() >= everything, "every task succeeded", 30)
+    wait_for(lambda: world.succeeded() >= everything, "every task succeeded", 30)
     assert world.parked_task_ids() == []
     runs = world.runs()
     assert {runs[t] for t in everything} == {1}, "a task ran twice"

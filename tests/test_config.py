@@ -4,7 +4,7 @@ derived values (breaker defaults, Django namespace, max_countdown) come out as d
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import celery
 import pytest
@@ -77,6 +77,24 @@ BAD_BREAKER_OPTIONS = [
     ("ignore", "builtins.NoSuchError"),
     ("ignore", "..relative.Error"),
     ("ignore", (ValueError, "no_such_module_xyz.Error")),
+    ("retry_budget", 1.5),
+    ("retry_budget", -0.1),
+    ("retry_budget", "10%"),
+    ("retry_budget", True),
+    ("min_retries_per_second", -1),
+    ("min_retries_per_second", math.nan),
+    ("min_retries_per_second", math.inf),
+    ("min_retries_per_second", None),
+    ("rate_limit", "100/d"),
+    ("rate_limit", "0/s"),
+    ("rate_limit", "-5/m"),
+    ("rate_limit", "fast"),
+    ("rate_limit", "inf/s"),
+    ("rate_limit", "1e-300/s"),  # slower than one call a day
+    ("rate_limit", "0.04/h"),
+    ("rate_limit", ""),
+    ("rate_limit", 100),
+    ("rate_limit", True),
 ]
 
 
@@ -333,9 +351,9 @@ NATIVE = celery.VERSION >= (5, 5)
 
 def quorum(name: str, exchange_type: str) -> Any:
     """A quorum queue behind an exchange of its own of ``exchange_type``."""
-    exchange = Exchange(name, exchange_type)  # type: ignore[no-untyped-call]  # kombu is untyped
+    exchange = cast(Any, Exchange)(name, exchange_type)  # kombu's annotations vary by release
     arguments = {"x-queue-type": "quorum"}
-    return Queue(name, exchange, queue_arguments=arguments)  # type: ignore[no-untyped-call]
+    return cast(Any, Queue)(name, exchange, queue_arguments=arguments)
 
 
 @pytest.mark.parametrize(

@@ -23,12 +23,12 @@ from celery import Celery, states
 
 from celery_resilience import Resilience, ResilientTask
 from celery_resilience.breaker import MemoryBreakerStore, RedisBreakerStore
-from celery_resilience.breaker.store import Delivery
+from celery_resilience.breaker.store import DeliveryQuestions
 from celery_resilience.breaker.types import Limits
 from celery_resilience.config import BreakerConfig
 from celery_resilience.errors import TaskIdClaimed
 
-from .support.worker_process import wait_until
+from .support.waiting import wait_for
 
 pytestmark = pytest.mark.contract
 
@@ -56,12 +56,14 @@ def store(request: pytest.FixtureRequest) -> Iterator[Store]:
     yield RedisBreakerStore(client, request.getfixturevalue("key_prefix"))
 
 
-def delivery(task_id: str, lease_us: int = LEASE_US, claim: bool = True) -> Delivery:
+def delivery(task_id: str, lease_us: int = LEASE_US, claim: bool = True) -> DeliveryQuestions:
     token = uuid.uuid4().hex if claim else ""
-    return Delivery(task_id=task_id, retries=0, check_done=True, claim=token, lease_us=lease_us)
+    return DeliveryQuestions(
+        task_id=task_id, retries=0, check_done=True, claim=token, lease_us=lease_us
+    )
 
 
-def ask(store: Store, scope: str | None, d: Delivery) -> tuple[str, float]:
+def ask(store: Store, scope: str | None, d: DeliveryQuestions) -> tuple[str, float]:
     """(skip, seconds the claim held by another lasts) through the scope's own operation."""
     if scope is None:
         _, skip, wait_us = store.deliver(None, d)
@@ -103,6 +105,31 @@ def test_an_admitted_delivery_claims_the_id_until_done_or_given_back(
     store.mark_done(scope, task_id, 3600)
     assert store.unclaim(scope, task_id, second.claim) is False
     assert ask(store, scope, delivery(task_id))[0] == "done"
+
+
+def store_now_us(store: Store) -> int:
+    if isinstance(store, MemoryBreakerStore):
+        return int(store._clock())
+    seconds, micros = store.client.time()
+    return int(seconds) * 1_000_000 + int(micros)
+
+
+@pytest.mark.parametrize("scope", ["payments", None])
+def test_when_a_claim_ends_is_told_while_it_is_held(store: Store, scope: str | None) -> None:
+    task_id = f"t-{uuid.uuid4().hex[:8]}"
+    assert store.claim_end(scope, task_id) == 0  # nothing runs it
+    holder = delivery(task_id)
+
+    before = store_now_us(store)
+    ask(store, scope, holder)
+    end = store.claim_end(scope, task_id)
+
+    assert before + LEASE_US <= end <= store_now_us(store) + LEASE_US  # its lease's end
+    store.unclaim(scope, task_id, holder.claim)
+    assert store.claim_end(scope, task_id) == 0  # given back
+    ask(store, scope, delivery(task_id))
+    store.mark_done(scope, task_id, 3600)
+    assert store.claim_end(scope, task_id) == 0  # succeeded: no claim to wait for
 
 
 @pytest.mark.parametrize("scope", ["payments", None])
@@ -218,4 +245,4 @@ def test_claims_use_the_breakers_hash_tag(redis_client: redis.Redis, key_prefix:
         f"{{{key_prefix}:breaker:payments}}:done:tagged",
         f"{{{key_prefix}:tasks}}:done:tagged",
     }
-    wait_until(lambda: redis_client.pttl(next(iter(keys))) > 0, "a lease on the key")
+    wait_for(lambda: redis_client.pttl(next(iter(keys))) > 0, "a lease on the key")

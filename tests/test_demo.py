@@ -72,6 +72,41 @@ def test_demo_loses_nothing_and_charges_nothing_twice() -> None:
     assert duration < 120, f"the demo took {duration:.0f}s"
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_demo_with_pool_children_killed_in_a_hang_outage_charges_every_order_once() -> None:
+    # A hung gateway, a bulkhead of one call, and three pool children killed mid-run (as the
+    # OOM killer would): what they held (the claim on a task id, the bulkhead's one slot) is
+    # given back by the worker's main process, and their charges run again.
+    story = ["--outage", "hang", "--kill-children", "3"]
+    done = subprocess.run(
+        [sys.executable, "-m", "example_project.demo", *story],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=230,
+        check=False,
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-5000:]
+    assert done.stdout.count(">>> pool child") == 3, output[-5000:]
+    ledger = parse_ledger(done.stdout)
+    assert ledger["charged exactly once"] == ledger["orders submitted"] == 300
+    assert (ledger["lost"], ledger["waiting"], ledger["charged twice or more"]) == (0, 0, 0)
+    assert ledger["shop DB disagrees"] == 0
+
+
+def test_the_ledger_counts_an_order_waiting_for_a_claim_as_waiting_not_lost() -> None:
+    from example_project.demo import classify
+
+    ids = ["1", "2", "3", "4", "5"]
+    charges = {"1": 1, "2": 2}
+    tally = classify(ids, charges, in_store={"3"}, claims={"4": 598.0})
+
+    assert (tally["once"], tally["twice"], tally["parked"]) == (["1"], ["2"], ["3"])
+    assert (tally["waiting"], tally["lost"]) == (["4"], ["5"])
+
+
 # -- --serve: the shop stays up after the story, to be explored, until Ctrl-C --------------------
 
 SERVE_STORY = ["--orders", "60", "--down-after", "1", "--down-for", "4"]

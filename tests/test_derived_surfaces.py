@@ -6,7 +6,6 @@ rest summed; and a ``breaker_key`` task's deliveries go through their own breake
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,8 +14,9 @@ import redis
 
 from celery_resilience.breaker_listing import is_known, listing
 from celery_resilience.metrics import ResilienceCollector
+from tests.support.waiting import wait_for
 
-from .test_cli import Cli
+from .support.cli import Cli
 
 pytestmark = pytest.mark.integration
 
@@ -167,7 +167,5 @@ def test_beat_passes_skip_open_hosts_without_a_look_and_drain_one_reset_at_once(
 
 
 def wait_until_left_troubled(res: Any, name: str) -> None:
-    deadline = time.monotonic() + 5
-    while res.runtime.knowledge.holds_member("hook", name):
-        assert time.monotonic() < deadline, f"{name} still listed as troubled"
-        time.sleep(0.01)
+    troubled = res.runtime.knowledge.holds_member
+    wait_for(lambda: not troubled("hook", name), f"{name} no longer listed as troubled")

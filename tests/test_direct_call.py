@@ -19,13 +19,14 @@ from typing import Any
 
 import pytest
 import redis
-from celery import Celery, states
+from celery import Celery, Task, states
 
 from celery_resilience import Resilience, ResilientTask
 from celery_resilience.contrib.pytest import delete_prefix
 
 from .apps.canvasapp import FIB_VARIANTS, PLAIN_FIB, fib_name, make_canvas_app
-from .support.worker_process import WorkerProcess, wait_until
+from .support.waiting import wait_for
+from .support.worker_process import WorkerProcess
 
 pytestmark = pytest.mark.integration
 
@@ -76,7 +77,7 @@ def calls(app: Celery, redis_client: redis.Redis, key_prefix: str) -> Calls:
     return Calls(redis_client, key_prefix)
 
 
-def apply(app: Celery, name: str, headers: dict[str, Any] | None = None, **options: Any) -> Any:
+def apply(app: Celery, name: str, headers: Any = None, **options: Any) -> Any:
     return app.tasks[name].apply((N,), headers=headers, **options)
 
 
@@ -117,6 +118,61 @@ def test_apply_runs_the_calls_a_body_makes_to_its_own_task_as_plain_calls(
         again = apply(app, name, headers, task_id=result.id)
         assert again.state == states.IGNORED
         assert len(calls.of(result.id)) == CALLS
+
+
+#: ``headers`` that are no mapping: Celery's request stack takes them, and reads nothing there.
+NOT_MAPPINGS = [123, "text", [1, 2], 1.5, b"raw"]
+
+
+@pytest.mark.parametrize("headers", NOT_MAPPINGS, ids=repr)
+@pytest.mark.parametrize(("acks_late", "deduplicate", "breaker"), FIB_VARIANTS)
+def test_apply_with_headers_that_are_no_mapping_runs_as_celery_task_does(
+    app: Celery,
+    calls: Calls,
+    acks_late: bool,
+    deduplicate: bool,
+    breaker: str | None,
+    headers: Any,
+) -> None:
+    # given: the same body on celery.Task, applied with headers that are no mapping
+    reference = apply(app, PLAIN_FIB, headers)
+    assert (reference.state, reference.result) == (states.SUCCESS, FIB_N)
+
+    # when: every variant of ResilientTask is applied with them
+    result = apply(app, fib_name(acks_late, deduplicate, breaker), headers)
+
+    # then: it runs as celery.Task does, its nested direct calls included
+    assert (result.state, result.result) == (states.SUCCESS, FIB_N)
+    assert calls.seen(result.id) == calls.seen(reference.id)
+    assert Resilience.for_app(app).backout.count() == 0
+
+
+@pytest.mark.parametrize("headers", NOT_MAPPINGS, ids=repr)
+def test_a_body_that_applies_its_own_task_inside_such_headers_runs_as_celery_task_does(
+    app: Celery, headers: Any
+) -> None:
+    def countdown_on(base: type[Task]) -> Any:
+        @app.task(base=base, bind=True, shared=False, lazy=False, deduplicate=True, breaker="dep")
+        def countdown(self: Any, n: int) -> list[Any]:
+            if n == 0:
+                return [self.request.headers]
+            inner = countdown.apply((n - 1,), headers=self.request.headers)  # a nested apply()
+            return [n, inner.state, *inner.result, *countdown(0)]  # and a direct call
+
+        return countdown
+
+    # given: the body on celery.Task, whose direct calls see the headers or not by Celery's
+    # release (5.4 pushes a bare request for a direct call, 5.5 and later copy the delivery's)
+    reference = countdown_on(Task).apply((2,), headers=headers)
+    assert reference.state == states.SUCCESS, reference.traceback
+    assert reference.result[:5] == [2, states.SUCCESS, 1, states.SUCCESS, headers]
+
+    # when: the same body runs on ResilientTask
+    result = countdown_on(ResilientTask).apply((2,), headers=headers)
+
+    # then: it sees what celery.Task's body sees, nested apply and direct call alike
+    assert result.state == states.SUCCESS, result.traceback
+    assert result.result == reference.result
 
 
 def test_an_exception_of_a_nested_call_is_the_body_s_own_to_catch(app: Celery) -> None:
@@ -205,7 +261,7 @@ def test_a_worker_runs_the_calls_a_body_makes_to_its_own_task_as_plain_calls(
         for name in dedup:
             done = sent[name, "first"].id
             app.tasks[name].apply_async((N,), task_id=done)
-            wait_until(
+            wait_for(
                 lambda done=done: f"[{done}] already succeeded: skipped" in worker.log(),  # type: ignore[misc]
                 f"{done} to be skipped",
                 WAIT,

@@ -1,3 +1,4 @@
+# ruff: noqa: F811  # the fixtures imported below are redefined as the tests' parameters
 """The admin shows, replays and discards the parked tasks of the app's configured store, and
 shows and steers its shared breakers.
 
@@ -9,9 +10,6 @@ and a breaker's change by a second app on the same Redis and prefix.
 
 from __future__ import annotations
 
-import base64
-import dataclasses
-import json
 import logging
 import re
 import time
@@ -23,156 +21,27 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_resilience import ParkedTask, Resilience
-from tests.support import django_settings
+from celery_resilience import Resilience
+from tests.support import admin_world
+from tests.support.admin_world import (  # noqa: F401  # fixtures, by name
+    BREAKERS,
+    BREAKERS_URL,
+    RECORD_URL,
+    STORE_URL,
+    TASK,
+    act,
+    admin_client,
+    db_resilience,
+    django_db,
+    make_admin_app,
+    park,
+    published,
+    resilience,
+    row_of,
+    text,
+)
 
 pytestmark = pytest.mark.integration
-
-TASK = "shop.charge"
-APP: Celery | None = None  # CELERY_RESILIENCE_APP = "tests.test_django_admin:APP"
-STORE_URL = "/admin/celery_resilience/storeentry/"
-RECORD_URL = "/admin/celery_resilience/parkedtaskrecord/"
-BREAKERS_URL = "/admin/celery_resilience/breaker/"
-SENSITIVE = ("card_token",)
-BREAKERS = {
-    "payments": {"failure_threshold": 3, "open_timeout": 30.0},
-    "search": {"max_concurrent_calls": 4},
-}
-
-
-def charge(order: int, note: str | None = None) -> int:
-    return order
-
-
-@pytest.fixture
-def django_db(request: pytest.FixtureRequest) -> Iterator[None]:
-    """The ``default`` test database, emptied of what the test made."""
-    django_settings.ensure_test_database("default", request.config)
-    yield
-    from django.contrib.auth.models import User
-
-    django_settings.clear("default")
-    User.objects.all().delete()
-
-
-@pytest.fixture
-def queue(redis_client: redis.Redis) -> Iterator[str]:
-    name = f"admin-test-{uuid.uuid4().hex[:12]}"
-    yield name
-    redis_client.delete(name, f"_kombu.binding.{name}")
-
-
-def published(client: redis.Redis, queue: str) -> list[dict[str, Any]]:
-    """Task messages waiting in ``queue`` (kombu's Redis list), as headers + args/kwargs."""
-    found = []
-    for raw in client.lrange(queue, 0, -1):
-        message = json.loads(raw)
-        args, kwargs, _ = json.loads(base64.b64decode(message["body"]))
-        found.append({**message["headers"], "args": args, "kwargs": kwargs})
-    return found
-
-
-@pytest.fixture
-def make_resilience(
-    django_db: None, redis_url: str, key_prefix: str, queue: str, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[Callable[[str], Resilience]]:
-    """``make(store)``: the app the admin finds through ``CELERY_RESILIENCE_APP``, parking in
-    ``store`` ("redis" or "django"), and its Resilience."""
-    from django.test import override_settings
-
-    made: list[Resilience] = []
-
-    def make(store: str, redis_at: str = redis_url) -> Resilience:
-        app = Celery("admin-test", broker=redis_url, set_as_current=False)
-        app.conf.task_default_queue = queue
-        app.conf.resilience_redis_url = redis_at
-        app.conf.resilience_key_prefix = key_prefix
-        app.conf.resilience_backout_store = store
-        app.conf.resilience_breakers = BREAKERS
-        app.conf.resilience_sensitive_keys = SENSITIVE
-        app.task(name=TASK)(charge)
-        monkeypatch.setattr(f"{__name__}.APP", app)
-        made.append(Resilience.install(app, Resilience(app)))
-        return made[-1]
-
-    with override_settings(CELERY_RESILIENCE_APP=f"{__name__}:APP"):
-        yield make
-    for instance in made:
-        instance.runtime.close()
-        instance.runtime.app.close()
-
-
-@pytest.fixture(params=["redis", "django"])
-def resilience(
-    request: pytest.FixtureRequest, make_resilience: Callable[[str], Resilience]
-) -> Resilience:
-    """An app on each kind of store, Redis and the database."""
-    return make_resilience(request.param)
-
-
-@pytest.fixture
-def db_resilience(make_resilience: Callable[[str], Resilience]) -> Resilience:
-    return make_resilience("django")
-
-
-@pytest.fixture
-def admin_client(django_db: None) -> Any:
-    from django.contrib.auth.models import User
-    from django.test import Client
-
-    user = User.objects.create_superuser("boss", "boss@example.com", "pw")
-    client = Client()
-    client.force_login(user)
-    return client
-
-
-def park(resilience: Resilience, n: int, *, id: str | None = None, **fields: Any) -> ParkedTask:
-    """Park entry ``n``; ``id`` replaces the fresh uuid4 where a test needs to know its start."""
-    values: dict[str, Any] = {
-        "task_name": TASK,
-        "task_id": f"order-{n}-{uuid.uuid4().hex[:6]}",
-        "reason": "breaker_open",
-        "breaker": "payments",
-        "args": [n],
-        "kwargs": {"note": f"note-{n}"},
-        "options": {"time_limit": 60},
-        "exc_type": "builtins.ConnectionError",
-        "exc_message": f"gateway refused {n}",
-        "traceback": f"Traceback (most recent call last):\n  frame-{n}\nConnectionError\n",
-        "parked_at": 1_700_000_000.0 + n,
-    }
-    values.update(fields)
-    entry = ParkedTask.new(**values)
-    if id is not None:
-        entry = dataclasses.replace(entry, id=id)
-    resilience.runtime.backout_store.park(entry)
-    return entry
-
-
-def text(response: Any) -> str:
-    assert response.status_code == 200, response.status_code
-    return str(response.content.decode())
-
-
-def act(
-    client: Any,
-    url: str,
-    action: str,
-    ids: list[str] | str | None = None,
-    reason: str = "",
-    across: bool = False,
-) -> Any:
-    """Run an action as a person does: ask (the confirmation page, which changes nothing),
-    then confirm with its POST; the final response, redirects followed."""
-    fields: dict[str, Any] = {"action": action, "_selected_action": ids or [], "index": "0"}
-    if across:
-        fields["select_across"] = "1"
-    asked = client.post(url, fields)
-    if asked.status_code != 200:  # no confirmation page: a message and back to the list
-        return client.get(asked["Location"]) if asked.status_code == 302 else asked
-    assert 'id="confirm-form"' in text(asked), text(asked)
-    return client.post(url, {**fields, "post": "yes", "reason": reason}, follow=True)
-
 
 # -- the configured store's page ------------------------------------------------------------
 
@@ -456,9 +325,9 @@ def test_record_actions_replay_and_discard(
 
 
 def test_record_page_says_when_the_app_uses_another_store(
-    make_resilience: Callable[[str], Resilience], admin_client: Any
+    make_admin_app: Callable[[str], Resilience], admin_client: Any
 ) -> None:
-    redis_app = make_resilience("redis")
+    redis_app = make_admin_app("redis")
     e = park(redis_app, 1)
     page = text(admin_client.get(RECORD_URL))
     assert "not in this table" in page
@@ -493,14 +362,6 @@ def test_list_rows_show_short_ids_and_relative_times_with_the_whole_on_hover(
 # -- the breakers' page ---------------------------------------------------------------------
 
 
-def row_of(page: str, breaker: str) -> dict[str, str]:
-    """The text of each cell of the breaker's row, by field name."""
-    found = re.search(rf'<tr data-breaker="{re.escape(breaker)}">(.*?)</tr>', page, re.S)
-    assert found, f"no row for breaker {breaker!r}"
-    cells = re.findall(r'<t[dh] class="field-([a-z_]+)[^"]*"[^>]*>(.*?)</t[dh]>', found[1], re.S)
-    return {name: re.sub(r"<[^>]+>", "", html).strip() for name, html in cells}
-
-
 @pytest.fixture
 def observer(redis_url: str, key_prefix: str) -> Iterator[Resilience]:
     """Another app on the same Redis and prefix: it sees what every worker would see."""
@@ -515,11 +376,11 @@ def observer(redis_url: str, key_prefix: str) -> Iterator[Resilience]:
 
 
 def test_breakers_page_shows_state_counts_and_open_until(
-    make_resilience: Callable[..., Resilience], admin_client: Any
+    make_admin_app: Callable[..., Resilience], admin_client: Any
 ) -> None:
     from celery_resilience.contrib.django.display import when
 
-    res = make_resilience("redis")
+    res = make_admin_app("redis")
     payments = res.breaker("payments")
     for _ in range(3):  # failure_threshold 3: a real trip, "open until" is set
         payments.acquire().failure()
@@ -561,9 +422,9 @@ def test_breakers_page_shows_state_counts_and_open_until(
 
 
 def test_a_breaker_whose_name_has_a_slash_can_be_steered(
-    make_resilience: Callable[..., Resilience], admin_client: Any, observer: Resilience
+    make_admin_app: Callable[..., Resilience], admin_client: Any, observer: Resilience
 ) -> None:
-    res = make_resilience("redis")
+    res = make_admin_app("redis")
     park(res, 1, breaker="eu/mail")
     page = text(admin_client.get(BREAKERS_URL))
     assert row_of(page, "eu/mail")["state"] == "closed"
@@ -573,12 +434,12 @@ def test_a_breaker_whose_name_has_a_slash_can_be_steered(
 
 
 def test_force_open_closed_and_reset_ask_first_and_log_who(
-    make_resilience: Callable[..., Resilience],
+    make_admin_app: Callable[..., Resilience],
     admin_client: Any,
     observer: Resilience,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    make_resilience("redis")
+    make_admin_app("redis")
     shared = observer.breaker("payments")
     caplog.set_level(logging.INFO, logger="celery_resilience.admin")
 
@@ -630,9 +491,9 @@ def test_force_open_closed_and_reset_ask_first_and_log_who(
 
 
 def test_reset_closes_a_tripped_breaker(
-    make_resilience: Callable[..., Resilience], admin_client: Any, observer: Resilience
+    make_admin_app: Callable[..., Resilience], admin_client: Any, observer: Resilience
 ) -> None:
-    res = make_resilience("redis")
+    res = make_admin_app("redis")
     for _ in range(3):
         res.breaker("payments").acquire().failure()
     assert observer.breaker("payments").state == "open"
@@ -642,9 +503,9 @@ def test_reset_closes_a_tripped_breaker(
 
 
 def test_unknown_breaker_or_action_changes_nothing(
-    make_resilience: Callable[..., Resilience], admin_client: Any
+    make_admin_app: Callable[..., Resilience], admin_client: Any
 ) -> None:
-    res = make_resilience("redis")
+    res = make_admin_app("redis")
     page = text(admin_client.post(f"{BREAKERS_URL}nope/open/", follow=True))
     assert "Unknown breaker &#x27;nope&#x27;." in page
     assert "nope" not in res.runtime.breaker_names()  # a typo made no breaker
@@ -654,12 +515,12 @@ def test_unknown_breaker_or_action_changes_nothing(
 
 
 def test_breakers_need_view_to_look_and_change_to_steer(
-    make_resilience: Callable[..., Resilience], django_db: None, observer: Resilience
+    make_admin_app: Callable[..., Resilience], django_db: None, observer: Resilience
 ) -> None:
     from django.contrib.auth.models import Permission, User
     from django.test import Client
 
-    make_resilience("redis")
+    make_admin_app("redis")
 
     def client_of(name: str, *codenames: str, staff: bool = True) -> Client:
         user = User.objects.create_user(name, password="pw", is_staff=staff)
@@ -690,11 +551,11 @@ def test_breakers_need_view_to_look_and_change_to_steer(
 
 
 def test_an_unreachable_redis_is_reported_on_the_breakers_page(
-    make_resilience: Callable[..., Resilience], admin_client: Any
+    make_admin_app: Callable[..., Resilience], admin_client: Any
 ) -> None:
     from tests.support.redis_server import free_port
 
-    make_resilience("redis", redis_at=f"redis://:s3cret@127.0.0.1:{free_port()}/0")
+    make_admin_app("redis", redis_at=f"redis://:s3cret@127.0.0.1:{free_port()}/0")
     started = time.monotonic()
     page = text(admin_client.get(BREAKERS_URL))
     assert time.monotonic() - started < 5
@@ -743,8 +604,8 @@ def test_a_misconfigured_app_is_reported_without_its_password(
 
     bad = Celery("admin-bad", broker="memory://", set_as_current=False)
     bad.conf.resilience_redis_url = f"redis://:{AT_SECRET}@127.0.0.1:notaport/0"
-    monkeypatch.setattr(f"{__name__}.APP", bad)
-    with override_settings(CELERY_RESILIENCE_APP=f"{__name__}:APP"):
+    monkeypatch.setattr(admin_world, "APP", bad)
+    with override_settings(CELERY_RESILIENCE_APP=f"{admin_world.__name__}:APP"):
         page = text(admin_client.get(RECORD_URL))
     assert "No usable Celery app" in page
     assert "redis://:***@127.0.0.1:notaport/0" in page

@@ -51,7 +51,7 @@ def test_the_filter_indexes_migrate_back_and_forth(
             )
         return {name for name in found if name.startswith("resilience_")}
 
-    wanted = {"resilience_status_parked", "resilience_reason_parked"}
+    wanted = {"resilience_status_parked", "resilience_reason_parked", "resilience_held"}
     assert indexes() == wanted
     call_command("migrate", "celery_resilience", "0002", database=alias, verbosity=0)
     try:

@@ -85,12 +85,25 @@ def test_parks_take_no_lock_row_and_spread_their_counter(alias: str) -> None:
 def test_far_below_the_limit_a_park_counts_nothing(
     alias: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    limit = 10 * estimates.EXACT_BELOW  # under a smaller limit every park near it counts
     monkeypatch.setattr(room, "estimated_rows", lambda model, using: 10)
-    store = DjangoBackoutStore(using=alias, max_entries=1000)
+    store = DjangoBackoutStore(using=alias, max_entries=limit)
     assert counts(alias, lambda: [store.park(entry(n)) for n in range(5)]) == 0  # type: ignore[func-returns-value]
-    monkeypatch.setattr(room, "estimated_rows", lambda model, using: 950)  # within 10 %
+    monkeypatch.setattr(room, "estimated_rows", lambda model, using: limit * 0.95)  # within 10 %
     assert counts(alias, lambda: [store.park(entry(n)) for n in range(5, 10)]) == 1  # type: ignore[func-returns-value]
     assert store.count() == 10
+
+
+def test_under_a_small_limit_an_estimate_far_below_the_truth_lets_no_park_pass_it(
+    alias: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(room, "estimated_rows", lambda model, using: 0)  # a stale density
+    store = DjangoBackoutStore(using=alias, max_entries=40)
+    for n in range(40):
+        store.park(entry(n))
+    with pytest.raises(StoreFull):
+        store.park(entry(40))
+    assert store.count() == 40
 
 
 def test_near_the_limit_one_store_is_exact_and_another_passes_it_by_what_the_first_parked(

@@ -134,17 +134,17 @@ def test_ack_removes_claimed_entries(store: DjangoBackoutStore) -> None:
     assert store.in_flight() == 0
 
 
-def test_release_gives_claimed_entries_back(store: DjangoBackoutStore) -> None:
+def test_give_back_returns_claimed_entries_unreplayed(store: DjangoBackoutStore) -> None:
     now = time.time()
     entries = [entry(n, now - 1) for n in range(3)]
     for e in entries:
         store.park(e)
     claimed = [c.id for c in store.claim("b", 2, lease=60)]
-    assert store.release("b", [*claimed, entries[2].id, "never-there"], now + 30) == 2
+    assert store.give_back("b", [*claimed, entries[2].id, "never-there"], now + 30) == 2
     assert store.in_flight() == 0
     assert store.due("b", now) == 1  # the one never claimed
     assert store.due("b", now + 31) == 3
-    assert store.release("b", claimed, now) == 0  # released already
+    assert store.give_back("b", claimed, now) == 0  # given back already
 
 
 def test_mark_dead_ends_a_lease(store: DjangoBackoutStore) -> None:
@@ -260,6 +260,7 @@ def test_make_store_takes_the_apps_settings(alias: str) -> None:
     app = Celery("store-test", broker="memory://", set_as_current=False)
     app.conf.accept_content = ["json", "pickle"]
     app.conf.resilience_serializer = "pickle"
+    app.conf.resilience_signing_key = "django-store-signing-key-" + "s" * 16
     app.conf.resilience_backout_max_entries = 5
     app.conf.resilience_dead_ttl = 60.0
     store = make_store(Resilience(app).runtime)
@@ -292,7 +293,7 @@ def test_an_app_on_the_django_store_drains_from_the_database(
     app.conf.resilience_key_prefix = key_prefix
     app.conf.resilience_backout_store = "django"
     app.conf.resilience_drain_rate = 10_000.0
-    app.task(name=TASK)(charge)
+    app.task(name=TASK, shared=False)(charge)
     resilience = Resilience(app)
     try:
         store = resilience.runtime.backout_store

@@ -7,6 +7,8 @@ before a block (invisible on the rendered page) says how:
 - ``.. docs: continue``: it runs after the blocks before it on the same page, in their namespace;
 - ``.. docs: pytest``: it is a test module; pytest runs it in a subprocess and it must pass;
 - ``.. docs: no-run (reason)``: it is not run; the reason is required, and such blocks are few;
+- ``.. docs: before (module)``: the migration guide's code before a migration, written against
+  another library (``module``, which it imports): compiled, not run, on that page only;
 - ``.. docs: excerpt (example_project/FILE)``: it is not run here but is an excerpt of that file
   of the example project (a working Django project, tested on its own): its lines are the file's,
   in order, comments aside (``# ...`` marks what was left out).
@@ -41,9 +43,10 @@ from celery import Celery
 from celery_resilience import ResilientTask, backoff
 from celery_resilience.backout import BackoutKeys
 from celery_resilience.breaker.redis import RedisBreakerStore
-from celery_resilience.breaker.store import Delivery
+from celery_resilience.breaker.store import DeliveryQuestions
 from celery_resilience.config import SETTINGS, BreakerConfig, ResilienceConfig
 from celery_resilience.drain.status import last_drain_key
+from tests.support.metrics_server import collector_metric_names
 
 pytestmark = pytest.mark.integration
 
@@ -57,14 +60,17 @@ PACKAGE = ROOT / "celery_resilience"
 #: Blocks that may be left unrun: each must say why, and there must stay few.
 MAX_NO_RUN = 3
 #: Settings whose default depends on other settings, so the page describes it in words.
-DERIVED_DEFAULTS = {"redis_url", "breaker_defaults", "max_countdown", "serializer"}
+DERIVED_DEFAULTS = {"redis_url", "breaker_defaults", "max_countdown", "serializer", "error_text"}
 
 
 # -- reading the pages ------------------------------------------------------------------------
 
 MARKER = re.compile(r"^\s*\.\. docs:\s*(?P<mode>[\w-]+)\s*(?P<reason>.*)$")
 CODE_BLOCK = re.compile(r"^(?P<indent>\s*)\.\. code-block:: python\s*$")
-MODES = ("continue", "pytest", "no-run", "excerpt")
+MODES = ("continue", "pytest", "no-run", "excerpt", "before")
+#: The page whose "before" blocks show other libraries' code, and the libraries they may show.
+BEFORE_PAGE = "migration.rst"
+BEFORE_MODULES = {"celery", "pybreaker", "celery_once", "celery_singleton"}
 
 
 @dataclass
@@ -161,7 +167,7 @@ def sandbox(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
     from celery_resilience import config
 
-    class SandboxCelery(Celery):  # type: ignore[misc]
+    class SandboxCelery(Celery):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             kwargs["broker"] = "memory://"
             kwargs.setdefault("set_as_current", False)
@@ -210,6 +216,26 @@ def test_few_examples_are_left_unrun_and_each_says_why() -> None:
     unrun = [block for block in all_blocks() if block.mode == "no-run"]
     assert all(block.reason for block in unrun), [b.id for b in unrun if not b.reason]
     assert len(unrun) <= MAX_NO_RUN, [block.id for block in unrun]
+
+
+def test_the_migration_befores_compile_and_import_what_they_name() -> None:
+    before = [block for block in all_blocks() if block.mode == "before"]
+    assert {block.reason for block in before} == BEFORE_MODULES
+    for block in before:
+        assert block.page == BEFORE_PAGE, block.id
+        tree = ast.parse(block.code, filename=block.id)  # a syntax error fails here
+        imported = {
+            alias.name.split(".")[0]
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Import)
+            for alias in node.names
+        } | {
+            (node.module or "").split(".")[0]
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom)
+        }
+        assert block.reason in imported, f"{block.id}: does not import {block.reason}"
+        assert "celery_resilience" not in imported, block.id
 
 
 def test_every_docs_marker_is_known_and_comes_before_a_python_block() -> None:
@@ -381,19 +407,6 @@ def test_every_cli_command_has_its_section() -> None:
     assert documented == set(resilience.commands)
 
 
-def collector_metric_names() -> set[str]:
-    pytest.importorskip("prometheus_client")
-    from celery_resilience import Resilience
-    from celery_resilience.metrics import ResilienceCollector
-
-    app = Celery("docs-metrics", broker="memory://", set_as_current=False)
-    app.conf.resilience_breakers = {"payments": {}}
-    names = set()
-    for family in ResilienceCollector(Resilience(app)).collect():
-        names.add(f"{family.name}_total" if family.type == "counter" else family.name)
-    return names
-
-
 def test_the_metrics_on_the_page_are_the_collectors() -> None:
     text = (DOCS / "operations.rst").read_text()
     documented = set(re.findall(r"\b(celery_resilience_\w+)", text))
@@ -418,7 +431,7 @@ def test_the_grafana_dashboard_uses_only_real_metrics_and_shows_what_matters() -
 def test_every_lua_script_is_shown_on_the_design_page() -> None:
     text = (DOCS / "design.rst").read_text()
     shown = set(re.findall(r"^\.\. lua-header:: (\S+)$", text, re.MULTILINE))
-    scripts = {p.relative_to(PACKAGE).as_posix() for p in PACKAGE.glob("*/lua/*.lua")}
+    scripts = {p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*.lua")}
     assert shown == scripts
 
 
@@ -426,8 +439,8 @@ def test_the_key_layout_on_the_design_page_is_the_codes() -> None:
     text = (DOCS / "design.rst").read_text()
     breakers = RedisBreakerStore(redis.Redis(), "<prefix>")  # makes no connection
     message = {"task_id": "<task id>", "retries": "<retries>", "replays": "<replays>"}
-    known = {f.name for f in dataclasses.fields(Delivery)}
-    delivery = Delivery(**{k: v for k, v in message.items() if k in known})  # type: ignore[arg-type]
+    known = {f.name for f in dataclasses.fields(DeliveryQuestions)}
+    delivery = DeliveryQuestions(**{k: v for k, v in message.items() if k in known})  # type: ignore[arg-type]
     store = BackoutKeys.for_prefix("<prefix>")
     derived = RedisBreakerStore(
         redis.Redis(), "<prefix>", lambda name: "<base>" if name.startswith("<base>:") else None
@@ -472,30 +485,6 @@ def test_every_test_a_page_cites_exists() -> None:
             missing.append(f"{page}: {match[0]}")
     assert missing == []
     assert len(cited) >= 40  # the guarantees matrix and the pages' "shown by" notes
-
-
-def drawn_as(patterns: tuple[str, ...]) -> set[str]:
-    """How the layers picture names a layer's modules: ``config/`` for a package and its
-    modules, ``breaker/types`` for one module of a package, ``__init__`` for the root."""
-    names = set()
-    for pattern in patterns:
-        if pattern.endswith(".*"):
-            names.add(pattern.removesuffix(".*").replace(".", "/") + "/")
-        elif f"{pattern}.*" not in patterns:
-            names.add(pattern.replace(".", "/") or "__init__")
-    return names
-
-
-def test_the_layers_picture_holds_the_layers_test_layers_enforces() -> None:
-    from tests.test_layers import LAYERS
-
-    dot = (DOCS / "_diagrams" / "layers.dot").read_text()
-    # Each layer's box: its node id, its title line, then its modules.
-    boxes = dict(re.findall(r'^\s*(\w+)\s+\[label="[^"\\]*\\n([^"]*)"', dot, re.MULTILINE))
-    assert set(boxes) >= {layer.replace(" ", "_") for layer, _ in LAYERS}
-    for layer, patterns in LAYERS:
-        shown = set(boxes[layer.replace(" ", "_")].replace("\\n", " ").split())
-        assert shown == drawn_as(patterns), layer
 
 
 def test_the_pages_name_no_machine_paths() -> None:

@@ -39,12 +39,13 @@ from urllib.parse import unquote, urlsplit
 
 import pytest
 
-from tests.support.browser import chrome, missing_browser, wait_for
+from tests.support.browser import chrome, missing_browser
+from tests.support.waiting import wait_for
 
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.slow,
-    pytest.mark.timeout(180),
+    pytest.mark.timeout(420),
     # A contributor without Chromium skips; CI, where ./scripts/test installs it, fails instead.
     pytest.mark.skipif(
         missing_browser() is not None and not os.environ.get("CI"), reason=missing_browser() or ""
@@ -220,7 +221,7 @@ def shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     driver = chrome(tmp_path_factory.mktemp("chromium-profile"))
-    driver.set_page_load_timeout(30)
+    driver.set_page_load_timeout(120)
     try:
         yield driver
     finally:
@@ -336,7 +337,7 @@ def test_a_search_finds_the_page_that_explains_a_word(browser: Any, site: Site) 
         )
         return any(urlsplit(url).path == "/concepts.html" for url in found)
 
-    wait_for("concepts.html among the results", concepts_found, timeout=10)
+    wait_for(concepts_found, "concepts.html among the results", timeout=60, poll=0.1)
 
 
 def test_the_checks_see_what_a_reader_would(browser: Any, site: Site, built_docs: Path) -> None:

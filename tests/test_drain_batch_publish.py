@@ -31,7 +31,7 @@ from celery_resilience.drain.sending import BrokerErrors
 
 from .support.faults import FaultProxy, acl_denied, make_user
 from .support.redis_server import RedisServer
-from .support.worker_process import wait_until
+from .support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -65,7 +65,7 @@ def make_app(redis_url: str, key_prefix: str) -> Iterator[Any]:
         app.conf.resilience_key_prefix = key_prefix
         app.conf.resilience_drain_rate = 100_000.0
         app.conf.resilience_drain_max_queue_depth = None
-        app.task(name=TASK)(charge)
+        app.task(name=TASK, shared=False)(charge)
         resilience = Resilience.install(app, Resilience(app))
         apps.append((app, resilience))
         return resilience
@@ -116,7 +116,7 @@ def drain_until_empty(resilience: Resilience) -> None:
         resilience.drain()
         return resilience.backout.count() == 0
 
-    wait_until(empty, "every entry published", 30)
+    wait_for(empty, "every entry published", 30)
 
 
 def test_a_batch_whose_reply_was_lost_is_not_published_again(

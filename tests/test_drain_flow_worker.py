@@ -16,7 +16,8 @@ from celery_resilience import ParkedTask, Resilience
 from celery_resilience.contrib.pytest import delete_prefix
 
 from .apps import workerapp
-from .support.worker_process import WorkerProcess, wait_until
+from .support.waiting import wait_for
+from .support.worker_process import WorkerProcess
 
 pytestmark = pytest.mark.integration
 
@@ -61,7 +62,7 @@ def test_the_drains_next_passes_bring_a_backlog_home_without_beat(
 
         # Then its next passes replay everything, and each charge runs once
         runs = f"{prefix}:ledger:runs"
-        wait_until(lambda: redis_client.hlen(runs) == 40, "every charge run", 60)
+        wait_for(lambda: redis_client.hlen(runs) == 40, "every charge run", 60)
         assert resilience.backout.count() == 0
         raw = cast(dict[bytes, bytes], redis_client.hgetall(runs))
         assert {k.decode(): int(v) for k, v in raw.items()} == dict.fromkeys(ids, 1)

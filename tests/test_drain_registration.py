@@ -21,7 +21,8 @@ from celery_resilience import ParkedTask, Resilience
 from celery_resilience.contrib.pytest import delete_prefix
 
 from .apps import workerapp
-from .support.worker_process import WorkerProcess, wait_until
+from .support.waiting import wait_for
+from .support.worker_process import WorkerProcess
 
 pytestmark = pytest.mark.integration
 
@@ -90,7 +91,7 @@ def test_a_drain_on_a_worker_without_the_task_replays_it_for_one_that_has_it(
         assert (report["replayed"], report["dead"]) == (1, 0)
         assert resilience.backout.count() == 0
         succeeded = f"{prefix}:ledger:succeeded"
-        wait_until(lambda: redis_client.sismember(succeeded, task_id), "the replay ran", 30)
+        wait_for(lambda: redis_client.sismember(succeeded, task_id), "the replay ran", 30)
         resilience.runtime.close()
         app.close()
     finally:

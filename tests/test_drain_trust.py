@@ -2,11 +2,12 @@
 
 Entries are written straight into the store's Redis keys or database table, as someone with
 write access to them would; the drain publishes into the real Redis broker, whose queue is read
-back (``tests/test_drain.py``'s helpers). The database store runs on PostgreSQL.
+back (``tests/support/drain_world.py``). The database store runs on PostgreSQL.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -16,18 +17,24 @@ from celery import Celery
 from celery_resilience import ParkedTask, Resilience
 from celery_resilience.backout import Codec, Filter
 from celery_resilience.metrics import ResilienceCollector
-from tests import test_drain
 from tests.support import django_settings
+from tests.support.drain_world import TASK, charge, drain_setup, sent, sent_ids
 from tests.support.raw_entries import put_raw
-from tests.test_drain import TASK, MakeResilience, charge, sent, sent_ids
+from tests.support.resilience import AppSetup, MakeResilience
 
 pytestmark = pytest.mark.integration
 
-#: The drain suite's fixtures: an app with its own queue and key prefix.
-make_resilience, queue = test_drain.make_resilience, test_drain.queue
+
+@pytest.fixture
+def app_setup(queue: str) -> AppSetup:
+    """The drain's world: apps with the test's own queue and ``TASK``."""
+    return drain_setup(queue)
+
 
 KEY = "drain-signing-key-" + "x" * 20
 FORGER_KEY = "not-the-key-" + "y" * 20
+#: When the entries were parked: a minute ago, well within their lifetime.
+NOW = time.time() - 60
 
 
 def task_entry(n: int, **fields: Any) -> ParkedTask:
@@ -36,8 +43,8 @@ def task_entry(n: int, **fields: Any) -> ParkedTask:
         "task_id": f"trust-{n}",
         "reason": "breaker_open",
         "args": [n],
-        "parked_at": 1_700_000_000.0 + n,
-        "due_at": 1_700_000_000.0 + n,
+        "parked_at": NOW + n,
+        "due_at": NOW + n,
     }
     values.update(fields)
     return ParkedTask.new(**values)
@@ -49,7 +56,8 @@ def put(store: Any, e: ParkedTask, data: bytes) -> None:
 
 
 def forge(store: Any) -> dict[str, str]:
-    """One real entry and three forgeries of it in ``store``; their ids by kind."""
+    """One real entry and three forgeries of it in ``store``; their ids by kind. The one signed
+    with a key of the forger's own names that key: it is held, never published nor killed."""
     real = task_entry(1)
     store.park(real)
     unsigned, foreign, altered = task_entry(2), task_entry(3), task_entry(4, args=[4])
@@ -62,16 +70,13 @@ def forge(store: Any) -> dict[str, str]:
 
 def assert_only_the_real_one_went_out(res: Resilience, ids: dict[str, str], queue: str) -> None:
     report = res.drain()
-    assert (report.replayed, report.dead) == (1, 3)
+    assert (report.replayed, report.dead, report.held) == (1, 2, 1)
     store = res.runtime.backout_store
     dead = {e.id: e.dead_reason for e in store.list(Filter(status="dead"))}
-    assert dead == {
-        ids["unsigned"]: "unsigned",
-        ids["foreign"]: "tampered",
-        ids["altered"]: "tampered",
-    }
+    assert dead == {ids["unsigned"]: "unsigned", ids["altered"]: "tampered"}
+    assert [e.id for e in store.list(Filter(status="parked"))] == [ids["foreign"]]
     stats = store.stats()
-    assert (stats["dead_reason|-|tampered"], stats["dead_reason|-|unsigned"]) == (2, 1)
+    assert (stats["dead_reason|-|tampered"], stats["dead_reason|-|unsigned"]) == (1, 1)
 
 
 def test_the_drain_publishes_no_forged_entry_from_redis(
@@ -88,7 +93,7 @@ def test_the_drain_publishes_no_forged_entry_from_redis(
         for s in families["celery_resilience_dead_by_reason"].samples
         if s.name.endswith("_total")
     }
-    assert samples == {("tampered", 2.0), ("unsigned", 1.0)}
+    assert samples == {("tampered", 1.0), ("unsigned", 1.0)}
 
 
 def test_the_drain_publishes_no_forged_entry_from_the_database(
@@ -105,7 +110,7 @@ def test_the_drain_publishes_no_forged_entry_from_the_database(
     app.conf.resilience_key_prefix = key_prefix
     app.conf.resilience_drain_rate = 10_000.0
     app.conf.resilience_signing_key = KEY
-    app.task(name=TASK)(charge)
+    app.task(name=TASK, shared=False)(charge)
     store = DjangoBackoutStore(using="postgresql", codec=Codec("json", (KEY,)))
     res = Resilience(app, backout=store)
     try:
@@ -162,9 +167,12 @@ def test_a_drainer_without_the_encryption_key_publishes_nothing(
     parker.runtime.backout_store.park(task_entry(1))
     blind = make_resilience()  # same store, no key
     report = blind.drain()
-    assert (report.replayed, report.dead) == (0, 1)
+    assert (report.replayed, report.dead, report.held) == (0, 0, 1)
     assert sent_ids(redis_client, queue) == []
-    entry = blind.backout.list()[0]
-    assert (entry.encrypted, entry.dead_reason) == (True, "undecryptable")
+    entry = blind.backout.list()[0]  # held for a process with the key, never dead
+    assert (entry.encrypted, entry.status, entry.dead_reason) == (True, "parked", None)
+    assert entry.held == "sealed, and this process has no encryption key"
+    with pytest.raises(ValueError, match="held: sealed"):
+        blind.backout.replay(entry.id)
     assert parker.backout.replay(entry.id).args == [1]  # with the key, a person can send it
     assert sent_ids(redis_client, queue) == ["trust-1"]

@@ -26,6 +26,7 @@ from celery_resilience import Resilience
 from celery_resilience.backout import Filter
 from celery_resilience.breaker import Breaker
 from tests.apps import e2eapp
+from tests.support.waiting import wait_for
 from tests.support.worker_process import start_time
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(180)]
@@ -107,18 +108,23 @@ class Process:
                     os.kill(pid, signal.SIGKILL)
 
 
-def wait_until(
+def waited(
     what: str, condition: Callable[[], bool], timeout: float, processes: list[Process]
 ) -> float:
-    """Poll ``condition``; the seconds it took. Fails early if one of ``processes`` died."""
+    """The seconds until ``condition`` held (``wait_for``); fails at once if one of
+    ``processes`` died, and with their logs on a timeout."""
     started = time.monotonic()
-    while not condition():
+
+    def held() -> bool:
         for process in processes:
             process.check_alive()
-        if time.monotonic() - started > timeout:
-            logs = "\n".join(f"--- {p.name}\n{p.log()[-6000:]}" for p in processes)
-            pytest.fail(f"timed out after {timeout}s waiting for {what}\n{logs}")
-        time.sleep(0.05)
+        return condition()
+
+    try:
+        wait_for(held, what, timeout, poll=0.05)
+    except AssertionError as exc:
+        logs = "\n".join(f"--- {p.name}\n{p.log()[-6000:]}" for p in processes)
+        pytest.fail(f"{exc}\n{logs}")
     return time.monotonic() - started
 
 
@@ -185,7 +191,7 @@ def calls_at_first_opening(
     come before any probe: a probe needs the open timeout and a drain run, but a loaded host can
     be that slow to look. It is, if the breaker, read after the count, is still in its first
     opening (a failed probe would have opened it a second time)."""
-    wait_until(
+    waited(
         "the breaker opened",
         lambda: breaker.snapshot()["opened_total"] >= 1,
         PARK_TIMEOUT,
@@ -232,20 +238,20 @@ def test_outage_parks_every_task_and_beat_brings_all_back(
         for i, task_id in enumerate(ids):
             charge.apply_async((i,), task_id=task_id, producer=producer)
     calls_opened, before_any_probe = calls_at_first_opening(breaker, calls, processes)
-    to_park = wait_until("every task parked", all_parked, PARK_TIMEOUT, processes)
+    to_park = waited("every task parked", all_parked, PARK_TIMEOUT, processes)
     state_parked = breaker.state
     assert state_parked in ("open", "half_open")
     assert redis_client.scard(keys["succeeded"]) == 0
 
     # Still down when the breaker half-opens: beat's drain releases a probe, it fails, the
     # breaker opens again and the probe's task is parked again: nothing lost, nothing dead.
-    to_failed_probe = wait_until(
+    to_failed_probe = waited(
         "a failed probe reopening the breaker",
         lambda: breaker.snapshot()["opened_total"] >= 2,
         RECOVER_TIMEOUT,
         processes,
     )
-    wait_until("the probe's task parked again", all_parked, PARK_TIMEOUT, processes)
+    waited("the probe's task parked again", all_parked, PARK_TIMEOUT, processes)
     assert store.count(Filter(status="dead")) == 0
     calls_down = calls()
     # The probe did call the dependency: one call more than opened the breaker.
@@ -254,7 +260,7 @@ def test_outage_parks_every_task_and_beat_brings_all_back(
 
     # -- the dependency is back; nobody touches anything -------------------------------------
     redis_client.set(keys["up"], "1")
-    to_close = wait_until(
+    to_close = waited(
         "the breaker closed by a probe",
         lambda: breaker.state == "closed",
         RECOVER_TIMEOUT,
@@ -264,11 +270,11 @@ def test_outage_parks_every_task_and_beat_brings_all_back(
     def drained() -> bool:
         return store.count() == 0 and redis_client.scard(keys["succeeded"]) == TASKS
 
-    to_empty = to_close + wait_until(
+    to_empty = to_close + waited(
         "the store empty and every task done", drained, RECOVER_TIMEOUT, processes
     )
     # Nothing left in flight (queue empty, nothing unacked), then one more look a bit later.
-    wait_until(
+    waited(
         "an idle broker",
         lambda: (
             redis_client.llen(broker_prefix + env["E2EAPP_QUEUE"]) == 0
@@ -336,7 +342,7 @@ def test_a_task_probed_again_and_again_in_a_long_outage_still_runs(
         entries = store.list()
         return entries[0].replays if entries else -1
 
-    wait_until("three failed probes", lambda: replays() >= 3, RECOVER_TIMEOUT, processes)
+    waited("three failed probes", lambda: replays() >= 3, RECOVER_TIMEOUT, processes)
     redis_client.set(keys["up"], "1")
     replays_at_up = replays()
 
@@ -344,7 +350,7 @@ def test_a_task_probed_again_and_again_in_a_long_outage_still_runs(
         done = redis_client.sismember(keys["succeeded"], task_id)
         return bool(done) or replays() >= replays_at_up + 2
 
-    wait_until("the task run, or replayed twice more", settled, RECOVER_TIMEOUT, processes)
+    waited("the task run, or replayed twice more", settled, RECOVER_TIMEOUT, processes)
     entries = store.list()
     assert redis_client.sismember(keys["succeeded"], task_id), [
         (e.reason, e.status, e.replays) for e in entries

@@ -1,7 +1,8 @@
 """A delivery's fate against the no-loss promise, as a table: every row a situation (how the call
-ended, the delivery, the task's options) and the fate it must get (``celery_resilience/fate.py``),
-then what follows when carrying a fate out fails (``fate.fallback``), then the invariants over
-every situation at once: nothing is dropped, every chain of failures ends.
+ended, the delivery, the task's options) and the fate it must get
+(``celery_resilience/delivery/fate.py``), then what follows when carrying a fate out fails
+(``fate.instead``), then the invariants over every situation at once: nothing is dropped, every
+chain of failures ends.
 
 Pure: no Redis, no broker, no worker. What the worker does with each fate is tested end to end
 in ``tests/test_task_worker.py``, ``tests/test_time_limits.py`` and the fault matrix.
@@ -17,16 +18,18 @@ import pytest
 from celery.exceptions import Ignore, Reject, Retry, SoftTimeLimitExceeded, TimeLimitExceeded
 
 from celery_resilience.backoff import Exponential
-from celery_resilience.body_retry import BodyRetry
 from celery_resilience.breaker.permit import Admission
 from celery_resilience.config import BreakerConfig, ResilienceConfig
-from celery_resilience.ending import (
+from celery_resilience.delivery.body_retry import BodyRetry
+from celery_resilience.delivery.context import Options
+from celery_resilience.delivery.ending import (
     AdmissionFailed,
     AlreadyDone,
     CeleryRaised,
     Claimed,
     Ending,
     KeptCopy,
+    Limited,
     OwnError,
     ParkOn,
     Redelivered,
@@ -36,24 +39,23 @@ from celery_resilience.ending import (
     body_ended,
     turned_down,
 )
-from celery_resilience.errors import BreakerOpen, BulkheadFull, TaskIdClaimed
-from celery_resilience.fate import (
-    Delivery,
+from celery_resilience.delivery.fate import (
+    Facts,
     Fail,
     Fate,
     GiveUp,
     Keep,
-    Options,
     Park,
     Requeue,
     Skip,
     Wait,
     decide,
-    fallback,
+    instead,
 )
-from celery_resilience.fate import Retry as RetryIn
+from celery_resilience.delivery.fate import Retry as RetryIn
+from celery_resilience.delivery.kept import KEPT_ERROR_HEADER, KEPT_HEADER, KEPT_REASON_HEADER
+from celery_resilience.errors import BreakerOpen, BulkheadFull, RateLimited, TaskIdClaimed
 from celery_resilience.headers import TURNED_AWAY_HEADER
-from celery_resilience.kept import KEPT_ERROR_HEADER, KEPT_HEADER, KEPT_REASON_HEADER
 
 pytestmark = pytest.mark.unit
 
@@ -69,8 +71,8 @@ CONFIG = ResilienceConfig(
 BACKOFF = Exponential(base=1.0, cap=10_000.0, jitter=None)
 TASK = Options(max_retries=2, backoff=BACKOFF, on_open="park", breaker="dep")
 RETRYING = dataclasses.replace(TASK, on_open="retry")
-WORKER = Delivery("t1")
-EAGER = Delivery("t1", eager=True)
+WORKER = Facts("t1")
+EAGER = Facts("t1", eager=True)
 
 DOWN = ConnectionError("gateway down")
 BUG = ValueError("bad input")
@@ -78,11 +80,13 @@ NOT_NOW = LookupError("not now")
 OPEN = BreakerOpen("dep", "open", retry_after=12.0)
 OPEN_LONG = BreakerOpen("dep", "open", retry_after=4000.0)
 FULL = BulkheadFull("dep", "closed")
+LIMITED = RateLimited("dep", 3.0)
+LIMITED_LONG = RateLimited("dep", 4000.0)
 TROUBLE = OSError("store or broker down")
 CELERY_RETRY = Retry()
 
 
-def at(retries: int = 0, **fields: Any) -> Delivery:
+def at(retries: int = 0, **fields: Any) -> Facts:
     """A worker's delivery of attempt ``retries``."""
     return dataclasses.replace(WORKER, retries=retries, **fields)
 
@@ -101,7 +105,7 @@ def shape(value: Any) -> Any:
 
 # -- decide: how the call ended -> the fate ------------------------------------------------------
 
-ROWS: list[tuple[str, Ending, Delivery, Options, Fate]] = [
+ROWS: list[tuple[str, Ending, Facts, Options, Fate]] = [
     # Turned down at admission: the body does not run.
     (
         "a kept copy of a park parks at once without running the body",
@@ -216,6 +220,34 @@ ROWS: list[tuple[str, Ending, Delivery, Options, Fate]] = [
         TASK,
         Park("breaker_open", FULL),
     ),
+    (
+        "over the rate limit no attempt is spent, even on the last one: it waits its slot",
+        Limited(LIMITED),
+        at(2),
+        TASK,
+        RetryIn(3.0, 2, LIMITED, {TURNED_AWAY_HEADER: 1}),
+    ),
+    (
+        "each turn-away by the rate in a row waits its slot or the backoff of its count",
+        Limited(LIMITED),
+        at(0, turned_away=5),
+        TASK,
+        RetryIn(4.0, 0, LIMITED, {TURNED_AWAY_HEADER: 6}),
+    ),
+    (
+        "a slot of the rate past max_countdown waits max_countdown in the broker and asks again",
+        Limited(LIMITED_LONG),
+        at(0),
+        TASK,
+        RetryIn(3000.0, 0, LIMITED_LONG, {TURNED_AWAY_HEADER: 1}),
+    ),
+    (
+        "over the rate limit in eager mode fails the call: nothing to wait in",
+        Limited(LIMITED),
+        EAGER,
+        TASK,
+        Fail(LIMITED),
+    ),
     # The body ran.
     (
         "a transient error retries after the backoff as the next attempt",
@@ -315,7 +347,7 @@ ROWS: list[tuple[str, Ending, Delivery, Options, Fate]] = [
     ("ending", "delivery", "options", "fate"), [r[1:] for r in ROWS], ids=[r[0] for r in ROWS]
 )
 def test_each_situation_gets_its_fate(
-    ending: Ending, delivery: Delivery, options: Options, fate: Fate
+    ending: Ending, delivery: Facts, options: Options, fate: Fate
 ) -> None:
     assert shape(decide(ending, delivery, options, CONFIG)) == shape(fate)
 
@@ -335,9 +367,9 @@ def test_a_park_on_entry_is_due_later_with_each_replay() -> None:
             assert full / 2 <= fate.due_in <= full
 
 
-# -- fallback: carrying a fate out failed -> the next fate -------------------------------------
+# -- instead: carrying a fate out failed -> the next fate --------------------------------------
 
-FALLBACKS: list[tuple[str, Fate, Delivery, Fate]] = [
+INSTEAD: list[tuple[str, Fate, Facts, Fate]] = [
     (
         "a retry whose publish fails parks, due when it would have run",
         RetryIn(8.0, 3, DOWN),
@@ -406,19 +438,17 @@ FALLBACKS: list[tuple[str, Fate, Delivery, Fate]] = [
 
 
 @pytest.mark.parametrize(
-    ("fate", "delivery", "then"), [r[1:] for r in FALLBACKS], ids=[r[0] for r in FALLBACKS]
+    ("fate", "delivery", "then"), [r[1:] for r in INSTEAD], ids=[r[0] for r in INSTEAD]
 )
-def test_each_failed_fate_falls_back_to_the_next(
-    fate: Fate, delivery: Delivery, then: Fate
-) -> None:
+def test_each_failed_fate_is_followed_by_the_next(fate: Fate, delivery: Facts, then: Fate) -> None:
     trouble = TimeoutError("broker down") if isinstance(fate, (Keep, Wait)) else TROUBLE
-    assert shape(fallback(fate, trouble, delivery, CONFIG)) == shape(then)
+    assert shape(instead(fate, trouble, delivery, CONFIG)) == shape(then)
 
 
 def test_a_kept_copy_waits_no_longer_than_max_countdown() -> None:
     # Given a store that refused this task's park many times (attempts raised to allow it)
     config = dataclasses.replace(CONFIG, park_attempts=50)
-    fate = fallback(Park("park_on", NOT_NOW), TROUBLE, at(0, failed_parks=20), config)
+    fate = instead(Park("park_on", NOT_NOW), TROUBLE, at(0, failed_parks=20), config)
     assert isinstance(fate, Keep)
     assert fate.delay == config.max_countdown
 
@@ -426,9 +456,9 @@ def test_a_kept_copy_waits_no_longer_than_max_countdown() -> None:
 @pytest.mark.parametrize(
     "fate", [Skip(), Fail(BUG), Requeue(TROUBLE, DOWN), GiveUp("park_on", 4, TROUBLE)]
 )
-def test_a_fate_without_io_has_no_fallback(fate: Fate) -> None:
+def test_a_fate_without_io_has_nothing_instead(fate: Fate) -> None:
     with pytest.raises(TypeError, match="cannot fail"):
-        fallback(fate, TROUBLE, WORKER, CONFIG)
+        instead(fate, TROUBLE, WORKER, CONFIG)
 
 
 # -- the invariants, over every situation -------------------------------------------------------
@@ -442,6 +472,8 @@ ENDINGS: list[Ending] = [
     Rejected(OPEN),
     Rejected(OPEN_LONG),
     Rejected(FULL),
+    Limited(LIMITED),
+    Limited(LIMITED_LONG),
     RetryAsked(DOWN),
     RetryAsked(None, countdown=5000.0),
     ParkOn(NOT_NOW),
@@ -462,13 +494,13 @@ OPTIONS = [
 FAILING = (OwnError, CeleryRaised)
 
 
-def chain(ending: Ending, delivery: Delivery, options: Options) -> list[Fate]:
+def chain(ending: Ending, delivery: Facts, options: Options) -> list[Fate]:
     """The fates a delivery goes through when carrying out each one fails, to the last."""
     fates = [decide(ending, delivery, options, CONFIG)]
     while isinstance(fates[-1], (RetryIn, Park, Keep, Wait)) and not (
         isinstance(fates[-1], RetryIn) and fates[-1].eager
     ):
-        fates.append(fallback(fates[-1], TROUBLE, delivery, CONFIG))
+        fates.append(instead(fates[-1], TROUBLE, delivery, CONFIG))
         assert len(fates) < 10, fates
     return fates
 
@@ -546,6 +578,7 @@ def test_the_admissions_answer_says_why_the_body_does_not_run() -> None:
     assert turned_down(Admission(None, None, skip="claimed", wait=3.0)) == Claimed(3.0)
     assert turned_down(Admission(None, None, skip="redelivered")) == Redelivered()
     assert turned_down(Admission(None, OPEN)) == Rejected(OPEN)
+    assert turned_down(Admission(None, LIMITED)) == Limited(LIMITED)
 
 
 def test_a_fate_that_cannot_even_be_decided_requeues_the_message(
@@ -557,7 +590,7 @@ def test_a_fate_that_cannot_even_be_decided_requeues_the_message(
     from celery import Celery
 
     from celery_resilience import ResilientTask
-    from celery_resilience import fate as fates
+    from celery_resilience.delivery import pipeline
 
     app = Celery("fate-broken", broker="memory://", set_as_current=False)
     app.conf.resilience_redis_url = "memory://"
@@ -569,8 +602,9 @@ def test_a_fate_that_cannot_even_be_decided_requeues_the_message(
     def broken(*args: Any) -> Any:
         raise RuntimeError("runtime broken")
 
-    monkeypatch.setattr(fates, "decide", broken)
+    monkeypatch.setattr(pipeline, "decide", broken)
     request = SimpleNamespace(is_eager=False, id="t-1", retries=0, headers={}, delivery_info={})
-    held = app.tasks["fate.broken_runtime"]._carry_out(request, Transient(ConnectionError("down")))
-    assert isinstance(held, Requeue)
-    assert str(held.trouble) == "runtime broken"
+    delivery = app.tasks["fate.broken_runtime"]._delivery(request)
+    done = pipeline.end(delivery, Transient(ConnectionError("down")))
+    assert isinstance(done, Requeue)
+    assert str(done.trouble) == "runtime broken"

@@ -29,13 +29,17 @@ from celery_resilience.drain import Drainer
 
 from .support.faults import acl_denied, out_of_memory, read_only, script_sha
 from .support.kombu_features import publishes_in_batches
-from .support.matrix import USER, Ledger, MatrixWorld, fresh, running_world, wait_for
+from .support.matrix import SETTLE_TIMEOUT, USER, Ledger, MatrixWorld, fresh, running_world
 from .support.raw_entries import put_raw
+from .support.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-CLAIM = script_sha("backout/lua/claim.lua")
-ACK = script_sha("backout/lua/delete.lua")
+CLAIM = script_sha("backout/redis/lua/claim.lua")
+ACK = script_sha("backout/redis/lua/delete.lua")
+#: What only an ack's call of it names (the ready sets of the entries it removes): a drain pass
+#: first calls it to forget what its memory no longer needs, with no entry.
+ACKED = b":ready:"
 LEASE = 2.0
 
 
@@ -97,7 +101,7 @@ def settle(world: MatrixWorld, cell: str, ids: list[str], during: dict[str, int]
             for t in ids
         )
 
-    wait_for(home, f"{cell}: every id replayed and run, or dead")
+    wait_for(home, f"{cell}: every id replayed and run, or dead", SETTLE_TIMEOUT)
     return world.ledger_of(cell, ids, during)
 
 
@@ -147,7 +151,7 @@ def test_claim_with_the_drainer_killed_there_loses_nothing(world: MatrixWorld) -
     ids = park(world, 3, "claim-kill")
     held = world.store_proxy.hold_on(CLAIM)
     drainer = world.start_drainer(LEASE)
-    wait_for(held.is_set, "the drainer held at its claim")
+    wait_for(held.is_set, "the drainer held at its claim", SETTLE_TIMEOUT)
     kill(drainer)
     world.store_proxy.release()
     during = still_parked(world, ids)
@@ -230,7 +234,7 @@ def test_a_drainer_killed_mid_publish_loses_nothing(world: MatrixWorld) -> None:
     ids = park(world, 4, "publish-kill")
     held = world.broker_proxy.hold_on(ids[1].encode())  # the second entry's message
     drainer = world.start_drainer(LEASE)
-    wait_for(held.is_set, "the drainer held while publishing")
+    wait_for(held.is_set, "the drainer held while publishing", SETTLE_TIMEOUT)
     kill(drainer)
     world.broker_proxy.release()
     during = world.snapshot(ids)
@@ -254,12 +258,12 @@ def test_an_ack_lost_to_a_hung_redis_publishes_again(world: MatrixWorld, task: s
     """Published, then the ack is lost: the next drain publishes again (at least once). The
     body runs twice, unless the task has ``deduplicate=True``."""
     ids = park(world, 3, f"ack-hung-{task}", task_name=f"workerapp.{task}")
-    held = world.store_proxy.hold_on(ACK)
+    held = world.store_proxy.hold_on(ACK, ACKED)
     report = drain_through_faults(world)
     assert held.is_set()
     assert report.errors == 1
     world.store_proxy.reset()  # the held ack is dropped with its connection: it never ran
-    wait_for(lambda: set(ids) <= set(world.runs()), "the published replays to run")
+    wait_for(lambda: set(ids) <= set(world.runs()), "the published replays to run", SETTLE_TIMEOUT)
     during = world.snapshot(ids)
     # Published, run, and still in the store: the next drain (after the lease) publishes them
     # again, and deduplicate=True skips them at admission.
@@ -271,9 +275,9 @@ def test_an_ack_lost_to_a_hung_redis_publishes_again(world: MatrixWorld, task: s
 @pytest.mark.parametrize("task", ["charge", "charge_once"])
 def test_a_drainer_killed_at_its_ack_publishes_again(world: MatrixWorld, task: str) -> None:
     ids = park(world, 3, f"ack-kill-{task}", task_name=f"workerapp.{task}")
-    held = world.store_proxy.hold_on(ACK)
+    held = world.store_proxy.hold_on(ACK, ACKED)
     drainer = world.start_drainer(LEASE)
-    wait_for(held.is_set, "the drainer held at its ack")
+    wait_for(held.is_set, "the drainer held at its ack", SETTLE_TIMEOUT)
     kill(drainer)
     world.store_proxy.release()
     during = world.snapshot(ids)

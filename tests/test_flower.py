@@ -44,16 +44,11 @@ from celery_resilience import Resilience
 from celery_resilience.contrib.pytest import delete_prefix
 
 from .apps.flowerapp import make_app
-from .conftest import REDIS_URL
-from .support.browser import chrome, keep_for_docs, missing_browser, wait_for
+from .support.browser import chrome, keep_for_docs, missing_browser
 from .support.redis_server import free_port
-from .support.worker_process import (
-    READY_TIMEOUT,
-    WorkerProcess,
-    force_open_for_workers,
-    spawn,
-    wait_until,
-)
+from .support.services import REDIS_URL
+from .support.waiting import wait_for
+from .support.worker_process import READY_TIMEOUT, WorkerProcess, force_open_for_workers, spawn
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(90)]
 
@@ -187,8 +182,13 @@ class World:
             tasks = self.flower.tasks(state="PARKED")
             return tasks if set(task_ids) <= set(tasks) else None
 
-        # Flower sees the events as it polls them: on a loaded host that can take a while.
-        return dict(wait_until(seen, f"{len(task_ids)} tasks PARKED in Flower", timeout=45.0))
+        # Flower sees the events as it polls them: on a loaded host that can take a while. The
+        # message says how many the store holds by then (parked, or not yet, or not heard of).
+        try:
+            return dict(wait_for(seen, f"{len(task_ids)} tasks PARKED in Flower", timeout=120.0))
+        except AssertionError as timeout:
+            stored = len(self.parked_entries(task_ids))
+            raise AssertionError(f"{timeout}; {stored} of them parked in the store") from None
 
 
 @pytest.fixture(scope="module")
@@ -231,7 +231,7 @@ def test_parked_tasks_show_in_flower_and_replay_to_success(world: World) -> None
     task_ids = world.publish(3, "forced")
 
     tasks = world.wait_flower_parked(task_ids)
-    entries = wait_until(
+    entries = wait_for(
         lambda: (found := world.parked_entries(task_ids)) and len(found) == 3 and found,
         "3 entries in the back-out store",
     )
@@ -264,7 +264,7 @@ def test_parked_tasks_show_in_flower_and_replay_to_success(world: World) -> None
         infos = [world.flower.task(task_id) for task_id in task_ids]
         return all(info is not None and info["state"] == "SUCCESS" for info in infos)
 
-    wait_until(all_succeeded, "the replayed tasks SUCCESS in Flower")
+    wait_for(all_succeeded, "the replayed tasks SUCCESS in Flower")
     for task_id in task_ids:
         info = world.flower.task(task_id)
         assert info is not None
@@ -297,7 +297,7 @@ def test_breaker_tripped_in_the_worker_counts_for_the_worker(world: World) -> No
     assert snapshot["opened_total"] == 1
 
     # Exactly one ``opened`` event for the trip, counted for the worker that made it.
-    wait_until(
+    wait_for(
         lambda: world.flower.workers().get(node, {}).get("resilience-breaker-opened"),
         "resilience-breaker-opened in /workers",
     )
@@ -339,7 +339,7 @@ def test_task_replayed_goes_out_only_for_what_was_published(world: World) -> Non
 
     assert report.dead == 1
     assert report.replayed >= 1  # the good one, and what an earlier test left parked
-    wait_until(
+    wait_for(
         lambda: (info := world.flower.task(good.task_id)) and info["state"] == "SUCCESS",
         "the published replay SUCCESS in Flower",
     )
@@ -376,7 +376,9 @@ def test_flowers_task_page_filtered_on_parked_lists_them(world: World, tmp_path:
             ids: list[str] = driver.execute_script(PARKED_ROWS)
             return ids if set(task_ids) <= set(ids) else None
 
-        rows = wait_for("the parked tasks in Flower's task page", parked_rows, timeout=WAIT)
+        rows = wait_for(
+            parked_rows, "the parked tasks in Flower's task page", timeout=WAIT, poll=0.1
+        )
         assert set(rows) <= set(world.flower.tasks(state="PARKED"))
         assert driver.find_element("css selector", "input[type=search]").get_attribute("value") == (
             "state:PARKED"

@@ -7,11 +7,19 @@ with the kinds plugin alone loaded (installed plugins stay out: some run ``git``
 
 from __future__ import annotations
 
+import sys
+
 import pytest
+from _pytest.assertion.rewrite import AssertionRewritingHook
 
 pytestmark = pytest.mark.unit
 
-KINDS_PLUGIN = ("-p", "tests.support.kinds")
+#: The kinds plugin alone, and no ``ast.parse`` in this process's runs: CPython 3.11 can fail it
+#: with "AST constructor recursion depth mismatch" while another thread parses too (a stray
+#: thread of an earlier test formatting a traceback), which stops the run on an internal error.
+#: --assert=plain: no rewriting hook of the inner session; --tb=line: a failure is reported by
+#: its crash line, without the statement range a longer traceback parses the source for.
+ARGS = ("-p", "tests.support.kinds", "-p", "no:cacheprovider", "--assert=plain", "--tb=line")
 
 
 @pytest.fixture(autouse=True)
@@ -19,9 +27,18 @@ def _no_installed_plugins(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
 
 
+@pytest.fixture(autouse=True)
+def _no_outer_rewriting(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This session's rewriting hook would parse the thrown-away test modules (their names
+    match its ``test_*.py``) as the inner session imports them."""
+    hooks = [finder for finder in sys.meta_path if isinstance(finder, AssertionRewritingHook)]
+    for hook in hooks:
+        monkeypatch.setattr(sys, "meta_path", [f for f in sys.meta_path if f is not hook])
+
+
 def run(pytester: pytest.Pytester, source: str) -> pytest.RunResult:
     pytester.makepyfile(test_thrown_away=source)
-    return pytester.runpytest_inprocess(*KINDS_PLUGIN, "-p", "no:cacheprovider")
+    return pytester.runpytest_inprocess(*ARGS)
 
 
 def test_a_unit_test_that_connects_a_socket_fails_naming_what_it_did(
@@ -130,7 +147,7 @@ def test_minus_m_unit_does_not_import_a_module_without_unit_tests(
         test_pure="import pytest\n\npytestmark = pytest.mark.unit\n\ndef test_pure():\n    pass\n",
         test_heavy="raise ImportError('a module of integration tests was imported')\n",
     )
-    unit = pytester.runpytest_inprocess(*KINDS_PLUGIN, "-p", "no:cacheprovider", "-m", "unit")
+    unit = pytester.runpytest_inprocess(*ARGS, "-m", "unit")
     unit.assert_outcomes(passed=1)
-    everything = pytester.runpytest_inprocess(*KINDS_PLUGIN, "-p", "no:cacheprovider")
+    everything = pytester.runpytest_inprocess(*ARGS)
     everything.assert_outcomes(errors=1)

@@ -27,6 +27,7 @@ from celery_resilience import BreakerOpen, ParkedTask, Resilience, ResilientTask
 from celery_resilience.drain.lock import drain_lock
 from celery_resilience.trouble import TroubleLog
 
+from .support.forking import run_in_child
 from .support.redis_server import RedisServer, free_port
 
 pytestmark = pytest.mark.integration
@@ -315,3 +316,31 @@ def test_an_outage_wide_trouble_log_counts_one_first_failure_whatever_its_causes
     assert outage.recovered() == 1
     assert again
     assert outage.recovered() == 0  # nothing failed since: nothing to say
+
+
+def test_a_forked_child_logs_a_failure_though_a_parent_thread_held_the_log_at_the_fork() -> None:
+    # Given a trouble log whose lock a thread of the parent holds (for an instant, as a failing
+    # thread does) when the process forks
+    outage = TroubleLog(logging.getLogger("celery_resilience.test"), "Redis", by_cause=False)
+    held, release = threading.Event(), threading.Event()
+
+    def failing() -> None:
+        with outage._lock:
+            held.set()
+            release.wait()
+
+    thread = threading.Thread(target=failing)
+    thread.start()
+    try:
+        assert held.wait(30)
+
+        # When the child counts a failure
+        def child() -> dict[str, Any]:
+            return {"first": outage.first(ConnectionError("down"))}
+
+        report = run_in_child(child, 10.0)
+    finally:
+        release.set()
+        thread.join()
+    # Then it does, without the parent's thread
+    assert report == {"first": True}

@@ -13,7 +13,6 @@ cycle (a snapshot reads the stored ``open_until``: the serving process needs no 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import socket
@@ -21,7 +20,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,85 +28,19 @@ import pytest
 import redis
 from celery import Celery
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 
 from celery_resilience import BreakerOpen, BulkheadFull, ParkedTask, Resilience
 from celery_resilience.metrics import ResilienceCollector
 from tests.apps import cliapp
 
-from .support.redis_server import RedisServer, free_port
+from .support.metrics_server import PREFIX, MetricsServer, Samples, parse, value
+from .support.redis_server import RedisServer
 
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parent.parent
-PREFIX = "celery_resilience_"
 SHORT_OPEN = 0.3
 STATES = ("closed", "open", "half_open", "forced_open", "forced_closed")
-
-Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-
-def parse(text: str) -> Samples:
-    samples: Samples = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name.startswith(PREFIX):
-                samples[sample.name, frozenset(sample.labels.items())] = sample.value
-    return samples
-
-
-def value(samples: Samples, name: str, **labels: str) -> float | None:
-    return samples.get((PREFIX + name, frozenset(labels.items())))
-
-
-class MetricsServer:
-    """``celery -A tests.apps.cliapp resilience metrics --port N`` in a subprocess."""
-
-    def __init__(self, env: dict[str, str]) -> None:
-        self.port = free_port()
-        command = [
-            sys.executable, "-m", "celery", "-A", "tests.apps.cliapp", "resilience", "metrics",
-            "--port", str(self.port), "--addr", "127.0.0.1",
-        ]  # fmt: skip
-        self.process = subprocess.Popen(
-            command,
-            cwd=ROOT,
-            env={**os.environ, **env},
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
-
-    def scrape(self) -> Samples:
-        url = f"http://127.0.0.1:{self.port}/metrics"
-        with urllib.request.urlopen(url, timeout=5) as response:
-            return parse(response.read().decode())
-
-    def wait_ready(self, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.process.poll() is not None:
-                output = self.process.stdout.read().decode() if self.process.stdout else ""
-                raise RuntimeError(f"metrics exited with {self.process.returncode}:\n{output}")
-            with contextlib.suppress(OSError):
-                self.scrape()
-                return
-            if time.monotonic() > deadline:
-                raise TimeoutError("the metrics command does not answer")
-            time.sleep(0.1)
-
-    def output(self) -> str:
-        """What the command printed (stdout and stderr), once it was stopped."""
-        return self.process.stdout.read().decode() if self.process.stdout else ""
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
 
 
 class World:
@@ -157,7 +89,7 @@ class World:
             env={**os.environ, **self.env},
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=180,
             check=False,
         )
         assert done.returncode == 0, done.stderr
@@ -375,6 +307,7 @@ def _status_shows_the_same(world: World) -> None:
             "breaker_window_calls": "window_calls",
             "breaker_window_failures": "window_failures",
             "breaker_calls_in_flight": "calls_in_flight",
+            "breaker_window_retries": "window_retries",
         }
         for metric, field in gauges.items():
             assert value(step, metric, breaker=name) == snap[field], metric
@@ -390,6 +323,8 @@ def _status_shows_the_same(world: World) -> None:
             assert value(step, "breaker_transitions_total", **labels) == expected
         for outcome, field in (("success", "successes_total"), ("failure", "failures_total")):
             assert value(step, "breaker_calls_total", breaker=name, outcome=outcome) == snap[field]
+        refused = value(step, "breaker_retries_refused_total", breaker=name)
+        assert refused == snap["retry_budget_refused_total"]
         for status_name in ("parked", "dead"):
             labels = {"breaker": name, "status": status_name}
             assert value(step, "backout_entries", **labels) == snap[status_name]
@@ -539,7 +474,7 @@ def test_a_port_in_use_is_one_clear_line_and_a_failed_exit(key_prefix: str, redi
         ]  # fmt: skip
         done = subprocess.run(
             command, cwd=ROOT, env={**os.environ, **env}, capture_output=True, text=True,
-            timeout=60, check=False,
+            timeout=180, check=False,
         )  # fmt: skip
     assert done.returncode == 1, done
     assert "Traceback" not in done.stderr

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import redis
 
-from tests.conftest import REDIS_URL
+from tests.support.services import REDIS_URL
 
 pytestmark = pytest.mark.integration
 
@@ -27,20 +27,23 @@ def charge(order_id):
     raise ConnectionError("gateway down")
 
 
-PREFIXES = []
+def used(harness):  # the key prefix this test was given: the outer test looks for its keys
+    with open("{prefix_log}", "a") as log:
+        log.write(harness.resilience.runtime.config.key_prefix + "\\n")
 
 
 def test_parks_and_drains(resilience_factory):
     harness = resilience_factory(app, backend="{backend}", redis_url="{redis_url}")
+    used(harness)
     charge.delay(1)
     charge.delay(2)
     assert harness.state("payments") == "open"
     assert sorted(e.args[0] for e in harness.parked(breaker="payments")) == [1, 2]
-    PREFIXES.append(harness.resilience.runtime.config.key_prefix)
 
 
 def test_each_test_starts_clean(resilience_factory):
     harness = resilience_factory(app, backend="{backend}", redis_url="{redis_url}")
+    used(harness)
     assert harness.state("payments") == "closed"
     assert harness.parked() == []
     harness.force_open("payments")
@@ -58,8 +61,17 @@ def test_the_apps_own_resilience_is_back_afterwards():
 def test_fixtures_isolate_each_test_and_clean_up(
     pytester: pytest.Pytester, backend: str, redis_client: redis.Redis
 ) -> None:
-    pytester.makepyfile(test_app=APP_TESTS.format(backend=backend, redis_url=REDIS_URL))
+    log = pytester.path / "prefixes.txt"
+    tests = APP_TESTS.format(backend=backend, redis_url=REDIS_URL, prefix_log=log)
+    pytester.makepyfile(test_app=tests)
     result = pytester.runpytest_subprocess("-q")  # the plugin comes through pytest11
     result.assert_outcomes(passed=3)
-    # The redis backend worked under a fresh prefix per test and deleted its keys.
-    assert not list(redis_client.scan_iter(match="*pytest-*"))
+    if backend == "memory":  # nothing was written to Redis
+        return
+    # Each test worked under a fresh prefix of its own and deleted its keys (other tests of this
+    # run may be using prefixes of their own on the same database meanwhile).
+    prefixes = log.read_text().split()
+    assert len(prefixes) == len(set(prefixes)) == 2
+    assert all(p.startswith("pytest-") for p in prefixes), prefixes
+    for prefix in prefixes:
+        assert not list(redis_client.scan_iter(match=f"*{prefix}*")), prefix

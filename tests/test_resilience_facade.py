@@ -21,8 +21,9 @@ from celery_resilience.runtime import Runtime
 pytestmark = pytest.mark.unit
 
 API = Path(__file__).resolve().parent.parent / "docs" / "api.rst"
-#: DESIGN.md's public contract, with ``drain_once`` and ``install`` that the docs show, and
-#: ``runtime``: the one door to the internals.
+#: The facade's public contract (the API reference, and "One object per app" on the design
+#: page), with ``drain_once`` and ``install`` that the docs show, and ``runtime``: the one door
+#: to the internals.
 PUBLIC = {"for_app", "install", "breaker", "backout", "drain", "drain_once", "replay"}
 PUBLIC |= {"beat_schedule", "runtime"}
 

@@ -17,6 +17,7 @@ replays everything.
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import threading
 import time
@@ -36,8 +37,9 @@ from celery_resilience.checks import run_checks
 from celery_resilience.config import ResilienceConfig
 from celery_resilience.redis_io import make_client
 from tests.support.deploy_world import World, metric, require_redis_7, world_env
-from tests.support.redis_sentinel import MASTER_NAME, SentinelDeployment
-from tests.support.worker_process import wait_until
+from tests.support.redis_sentinel import MASTER_NAME, SentinelDeployment, SentinelServer
+from tests.support.redis_server import RedisServer
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -151,6 +153,45 @@ def test_a_park_that_fewer_replicas_hold_than_asked_is_store_unavailable(
         client.close()
 
 
+def test_a_stalled_sentinel_costs_a_park_a_few_timeouts_not_redis_pys_retries() -> None:
+    """Given a sentinel that stopped answering (its host stalled mid-failover) and a client whose
+    connections to the primary were closed (as a failover closes them), a park gives up within
+    a few ``resilience_redis_timeout``s: StoreUnavailable, the message kept in the broker. Each
+    sentinel is asked once per connection attempt (two attempts, each up to a connect and a read
+    timeout). With redis-py's default retry on the sentinels' clients (redis-py before 8.2) it
+    took ~19 s, every command of every delivery, and the worker stopped taking messages."""
+    require_redis_7()
+    timeout = 0.5
+    bound = 2 * 2 * timeout  # attempts x (connect + read) for one sentinel
+    with RedisServer() as primary:
+        sentinel = SentinelServer(primary.port, down_after_ms=60_000, failover_timeout_ms=60_000)
+        sentinel.start()
+        assert sentinel.process is not None
+        config = ResilienceConfig.from_conf(
+            {
+                "resilience_redis_url": f"sentinel://127.0.0.1:{sentinel.port}",
+                "resilience_redis_options": OPTIONS,
+            }
+        )
+        client = make_client(config.redis_deployment, timeout)
+        store = RedisBackoutStore(client, f"{PREFIX}-stalled")
+        entry = ParkedTask.new(task_name="t", task_id="t-1", args=[], kwargs={}, reason="park_on")
+        try:
+            assert client.ping()  # the primary found through the sentinel
+            sentinel.process.send_signal(signal.SIGSTOP)
+            client.connection_pool.disconnect()
+            started = time.monotonic()
+            with pytest.raises(StoreUnavailable, match="No master found"):
+                store.park(entry)
+            elapsed = time.monotonic() - started
+        finally:
+            sentinel.process.send_signal(signal.SIGCONT)
+            client.close()
+            sentinel.close()
+    # Slack for a loaded host's scheduling; redis-py's retries took 18-19 s here.
+    assert elapsed < bound + 3.0, f"a park waited {elapsed:.1f}s on a stalled sentinel"
+
+
 # -- the failover drill -------------------------------------------------------------------------
 
 
@@ -210,7 +251,7 @@ def drill(deployment: SentinelDeployment, world: World) -> Drill:
     store = res.runtime.backout_store
     publisher = Publisher(world)
     try:
-        wait_until(lambda: len(world.acked_parks(publisher.ids[:])) >= 10, "parks", 60)
+        wait_for(lambda: len(world.acked_parks(publisher.ids[:])) >= 10, "parks", 60)
         old = deployment.primary()
         deployment.failover()
         old.kill()  # the primary's death
@@ -222,7 +263,7 @@ def drill(deployment: SentinelDeployment, world: World) -> Drill:
             except redis.RedisError:
                 return False
 
-        wait_until(writable, "a writable primary", 20, poll=0.05)
+        wait_for(writable, "a writable primary", 20, poll=0.05)
         writable_after = time.time() - died
         old.start()  # from its AOF; the sentinel makes it the new primary's replica
 
@@ -231,7 +272,7 @@ def drill(deployment: SentinelDeployment, world: World) -> Drill:
             return any(parked_at(store, e) > died for e in recent.values())
 
         try:
-            wait_until(parked_again, "a park acknowledged again", 90, poll=0.1)
+            wait_for(parked_again, "a park acknowledged again", 90, poll=0.1)
         except AssertionError as timeout:
             raise AssertionError(f"{timeout}\n{server_logs(deployment)}") from None
         time.sleep(1.0)  # more parks on the new primary
@@ -245,7 +286,7 @@ def drill(deployment: SentinelDeployment, world: World) -> Drill:
         return set(published) <= world.succeeded() | set(world.acked_parks(published))
 
     try:
-        wait_until(settled, "every published task to end succeeded or parked", 90, poll=0.2)
+        wait_for(settled, "every published task to end succeeded or parked", 90, poll=0.2)
     except AssertionError as timeout:
         missing = sorted(set(published) - world.succeeded() - set(world.acked_parks(published)))
         where = json.dumps(world.whereabouts(missing), indent=1)
@@ -353,8 +394,14 @@ def test_start_up_checks_on_sentinel(world: World, drill: Drill) -> None:
 
 @pytest.mark.slow
 def test_the_drain_replays_every_parked_task(world: World, drill: Drill) -> None:
-    world.cli(("reset", "dep"))
+    # Just after the drill the new primary may still be busy with its replica's first sync: a
+    # command then says the store is unavailable, as it should. The drain is what is tested.
+    wait_for(
+        lambda: world.cli(("reset", "dep"), check=False)[0].returncode == 0,
+        "a reset that the primary answers",
+        60,
+    )
     (report,) = world.cli_json(("drain",))
     assert report["replayed"] == sum(drill.entries.values())
-    wait_until(lambda: world.succeeded() >= set(drill.published), "every task succeeded", 40)
+    wait_for(lambda: world.succeeded() >= set(drill.published), "every task succeeded", 40)
     assert world.parked_task_ids() == []

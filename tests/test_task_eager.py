@@ -839,14 +839,15 @@ def test_each_turn_away_by_a_full_bulkhead_waits_longer_up_to_the_open_timeout(
         calls.append(1)
         raise DependencyDown("gateway down")
 
-    countdowns: list[float] = []
-    send_again = charge._send_again
+    countdowns: list[float] = []  # of each message published again
+    signature_from_request = charge.signature_from_request
 
-    def spy(request: Any, countdown: float, *args: Any) -> None:
-        countdowns.append(countdown)
-        send_again(request, countdown, *args)
+    def spy(request: Any = None, **options: Any) -> Any:
+        if "countdown" in options:
+            countdowns.append(options["countdown"])
+        return signature_from_request(request, **options)
 
-    monkeypatch.setattr(charge, "_send_again", spy)
+    monkeypatch.setattr(charge, "signature_from_request", spy)
     held = resilience(app).breaker("gateway").acquire()  # the dependency hangs
 
     # When the same delivery is turned away again and again

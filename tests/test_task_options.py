@@ -163,3 +163,15 @@ def test_exception_options_take_dotted_paths_as_the_breaker_ignore_setting_does(
 
     assert task.retry_on == (ConnectionError, socket.timeout)
     assert task.park_on == (KeyError,)
+
+
+def test_the_request_class_is_found_by_its_path_and_by_its_deprecated_one() -> None:
+    from celery.utils.imports import symbol_by_name
+
+    from celery_resilience.task import ResilientRequest
+
+    # What a worker loads for a ResilientTask's messages
+    assert symbol_by_name(ResilientTask.Request) is ResilientRequest
+    # and a subclass made for the name of an earlier release still gets the same class
+    with pytest.warns(DeprecationWarning, match="celery_resilience.task.ResilientRequest"):
+        assert symbol_by_name("celery_resilience.time_limits:ResilientRequest") is ResilientRequest

@@ -20,163 +20,28 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 from urllib.parse import urlparse
 
 import celery
 import pytest
-import redis
-from celery import Celery
 
-from celery_resilience import Resilience
-from celery_resilience.backout.entry import ParkedTask
 from celery_resilience.config import native_delayed_delivery
 
-from .apps.workerapp import broker_keyprefix, make_app
-from .conftest import service_missing
+from .apps.workerapp import broker_keyprefix
 from .support.redis_server import free_port
-from .support.worker_process import WorkerProcess, wait_until
+from .support.services import service_missing
+from .support.waiting import wait_for
+from .support.worker_process import WorkerProcess
+from .support.worker_world import World
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 AMQP_URL = os.environ.get("RESILIENCE_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
-WAIT = 20.0
 #: Time a retry may take beyond its countdown: the retry's publish, the worker's ETA timer,
 #: the delivery and the next attempt's start, on a busy 2-core machine.
 SCHEDULING_SLACK = 0.5
 RETRY_LOG = re.compile(r"Task workerapp\.charge\[([0-9a-f-]+)\] retry (\d+)/\S+ in ([0-9.]+)s")
-
-
-def wait_for(predicate: Callable[[], Any], what: str, timeout: float = WAIT) -> Any:
-    return wait_until(predicate, what, timeout)
-
-
-class World:
-    """One test's app, Redis keys, queue, workers and ledger."""
-
-    def __init__(self, prefix: str, redis_url: str, tmp_path: Path, **settings: Any) -> None:
-        self.prefix = prefix
-        self.queue = f"{prefix}-queue"
-        self.env = {
-            "WORKERAPP_PREFIX": prefix,
-            "WORKERAPP_QUEUE": self.queue,
-            "WORKERAPP_REDIS": redis_url,
-            "WORKERAPP_BROKER": redis_url,
-        }
-        self.env.update({f"WORKERAPP_{k.upper()}": str(v) for k, v in settings.items()})
-        self.app: Celery = make_app(self.env)
-        self.redis = redis.Redis.from_url(redis_url)
-        self.resilience = Resilience.for_app(self.app)
-        self.tmp_path = tmp_path
-        self.workers: list[WorkerProcess] = []
-        self.published: list[str] = []
-
-    # -- workers and tasks ---------------------------------------------------------------
-    def start_worker(self, pool: str = "solo", concurrency: int = 1) -> WorkerProcess:
-        log = self.tmp_path / f"worker-{len(self.workers)}-{pool}.log"
-        worker = WorkerProcess(self.env, log, pool=pool, concurrency=concurrency)
-        self.workers.append(worker)
-        return worker.start()
-
-    def publish(self, task: str, *args: Any, **kwargs: Any) -> str:
-        result = self.app.tasks[f"workerapp.{task}"].apply_async(args=args, kwargs=kwargs)
-        self.published.append(result.id)
-        return str(result.id)
-
-    def state(self, task_id: str) -> str:
-        return str(self.app.AsyncResult(task_id).state)
-
-    # -- the fake dependency ---------------------------------------------------------------
-    def dependency(self, up: bool, latency: float = 0.0) -> None:
-        self.redis.set(f"{self.prefix}:dep:up", "1" if up else "0")
-        self.redis.set(f"{self.prefix}:dep:latency", str(latency))
-
-    def dep_calls(self) -> int:
-        return int(self.redis.get(f"{self.prefix}:dep:calls") or 0)
-
-    def dep_log(self) -> list[dict[str, Any]]:
-        return [json.loads(r) for r in self.redis.lrange(f"{self.prefix}:dep:log", 0, -1)]
-
-    def now(self) -> float:
-        seconds, micros = self.redis.time()
-        return float(seconds) + micros / 1_000_000
-
-    # -- outcomes --------------------------------------------------------------------------
-    def succeeded(self) -> set[str]:
-        members = cast(set[bytes], self.redis.smembers(f"{self.prefix}:ledger:succeeded"))
-        return {m.decode() for m in members}
-
-    def parked(self) -> dict[str, ParkedTask]:
-        entries = self.resilience.backout.list(limit=100_000)
-        by_task = {e.task_id: e for e in entries}
-        assert len(by_task) == len(entries), f"a task parked twice: {entries}"
-        return by_task
-
-    def wait_parked(self, task_ids: list[str], timeout: float = WAIT) -> dict[str, ParkedTask]:
-        wanted = set(task_ids)
-        wait_for(lambda: wanted <= set(self.parked()), f"{len(wanted)} parked", timeout)
-        return {t: e for t, e in self.parked().items() if t in wanted}
-
-    def assert_ledger(self, failed: set[str] | None = None) -> Counter[str]:
-        """Every published id in exactly one outcome: succeeded, parked or (expected) failed."""
-        failed = failed or set()
-        published = set(self.published)
-        assert len(published) == len(self.published)
-        succeeded, parked = self.succeeded(), set(self.parked())
-        assert not succeeded & parked, f"both succeeded and parked: {succeeded & parked}"
-        assert not failed & (succeeded | parked)
-        assert published == succeeded | parked | failed, (
-            f"lost: {published - succeeded - parked - failed}, "
-            f"unknown: {(succeeded | parked | failed) - published}"
-        )
-        counts = Counter(published=len(published), succeeded=len(succeeded), parked=len(parked))
-        counts["failed"] = len(failed)
-        print(f"ledger: {dict(counts)}")
-        return counts
-
-    def broker_messages_of(self, task_id: str) -> list[str]:
-        """Redis-broker keys (queues, ``unacked``...) that hold a message of ``task_id``."""
-        holders = []
-        for key in self.redis.scan_iter(match=f"{broker_keyprefix(self.prefix)}*"):
-            kind = self.redis.type(key)
-            if kind == b"list":
-                values = self.redis.lrange(key, 0, -1)
-            elif kind == b"hash":
-                values = self.redis.hvals(key)
-            else:
-                continue
-            if any(task_id.encode() in v for v in values):
-                holders.append(key.decode())
-        return holders
-
-    def close(self) -> None:
-        logs = [w.stop() for w in self.workers]
-        for worker, log in zip(self.workers, logs, strict=True):
-            # Captured output: pytest shows it only when the test failed.
-            print(f"===== {worker.log_path.name} (pid {worker.process and worker.pid})\n{log}")
-        if self.env["WORKERAPP_BROKER"].startswith("amqp"):
-            with self.app.connection_for_write() as conn:
-                channel = conn.default_channel
-                channel.queue_delete(self.queue)
-                channel.exchange_delete(self.queue)
-        self.app.close()
-        self.resilience.runtime.close()
-        self.redis.close()
-
-
-@pytest.fixture
-def make_world(key_prefix: str, redis_url: str, tmp_path: Path) -> Iterator[Callable[..., World]]:
-    """``make_world(**settings)``: settings become ``WORKERAPP_*`` variables of the workers."""
-    worlds: list[World] = []
-
-    def make(**settings: Any) -> World:
-        world = World(key_prefix, redis_url, tmp_path, **settings)
-        worlds.append(world)
-        return world
-
-    yield make
-    for world in worlds:  # before ``key_prefix`` deletes the keys
-        world.close()
 
 
 def attempts_by_task(world: World) -> dict[str, list[dict[str, Any]]]:
@@ -318,7 +183,8 @@ def test_exhausted_task_is_parked_with_everything_needed_to_replay_it(
     assert entry.status == "parked"
     assert world.queue in (entry.options.get("queue"), entry.options.get("routing_key"))
     assert [c["retries"] for c in attempts_by_task(world)[task_id]] == [0, 1, 2]
-    assert world.state(task_id) == "PARKED"
+    # The entry is stored before its PARKED state is written to the result backend.
+    wait_for(lambda: world.state(task_id) == "PARKED", "the PARKED state")
     assert world.resilience.breaker("dep").snapshot()["opened_total"] == 0
     world.assert_ledger()
 
@@ -376,7 +242,8 @@ def test_delay_above_max_countdown_is_parked_with_due_at_not_sent_as_eta(
     time.sleep(0.5)  # a retry published by mistake would reach the broker by now
     assert world.broker_messages_of(task_id) == []  # not in the queue, not in ``unacked``
     assert world.redis.hlen(f"{broker_keyprefix(world.prefix)}unacked") == 0
-    assert world.state(task_id) == "PARKED"
+    # The entry is stored before its PARKED state is written to the result backend.
+    wait_for(lambda: world.state(task_id) == "PARKED", "the PARKED state")
     assert world.dep_calls() == 1
     world.assert_ledger()
 
@@ -422,7 +289,7 @@ def rabbitmqctl(*args: str) -> str:
     command = shutil.which("rabbitmqctl")
     if command is None:
         service_missing("rabbitmqctl is missing (it comes with rabbitmq-server)")
-    done = subprocess.run([command, *args], capture_output=True, text=True, timeout=60, check=True)
+    done = subprocess.run([command, *args], capture_output=True, text=True, timeout=180, check=True)
     return done.stdout
 
 
@@ -640,13 +507,13 @@ def test_a_database_error_at_park_keeps_the_message_until_the_store_takes_it(
 
     with sqlite3.connect(db) as sql:
         sql.execute("DROP TRIGGER no_parks")
-    deadline = time.monotonic() + WAIT
-    while time.monotonic() < deadline:
+
+    def parked_rows() -> list[Any] | None:
         with sqlite3.connect(db) as sql:
             rows = sql.execute(f"SELECT task_id, reason FROM {table}").fetchall()
-        if len(rows) == 2:
-            break
-        time.sleep(0.1)
+        return rows if len(rows) == 2 else None
+
+    rows = wait_for(parked_rows, "both tasks parked in the database", poll=0.1)
     assert sorted(rows) == sorted((t, "breaker_open") for t in task_ids)
     assert "Parking works again after" in worker.log()
 

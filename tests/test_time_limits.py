@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from .support.faults import acl_denied
-from .support.matrix import USER, MatrixWorld, fresh, running_world, wait_for
+from .support.matrix import SETTLE_TIMEOUT, USER, MatrixWorld, fresh, running_world
+from .support.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -83,7 +84,11 @@ def half_open(world: MatrixWorld) -> int:
         with pytest.raises(ConnectionError):
             breaker.call(fail)
     assert breaker.state == "open"
-    wait_for(lambda: breaker.snapshot()["open_until"] <= time.time(), "the open time to pass")
+    wait_for(
+        lambda: breaker.snapshot()["open_until"] <= time.time(),
+        "the open time to pass",
+        SETTLE_TIMEOUT,
+    )
     return int(breaker.snapshot()["opened_total"])
 
 
@@ -142,6 +147,21 @@ def test_a_hard_time_limit_retries_then_parks_and_never_acks_the_message_away(
     assert "Hard time limit (2.0s) exceeded" in log
     world.ledger.set(f"{world.prefix}:dep:latency", "0")
     world.settle("hard time limit / killed child", ids).check()
+
+
+def test_a_hard_time_limit_on_a_probe_reopens_the_breaker_at_once(world: MatrixWorld) -> None:
+    trips = half_open(world)
+    world.ledger.set(f"{world.prefix}:dep:latency", HANG)
+    breaker = world.resilience.breaker("dep")
+    ids = world.publish(1, "hard-probe", task="stuck")
+    # The killed probe's lease is settled as a failure, not held until its 60 s lease ends.
+    wait_for(
+        lambda: breaker.snapshot()["opened_total"] == trips + 1, "the probe to trip the breaker", 15
+    )
+    assert breaker.state == "open"
+    world.ledger.set(f"{world.prefix}:dep:latency", "0")
+    parked_entry(world, ids[0])
+    world.settle("hard time limit / half-open probe", ids).check()
 
 
 def test_a_hard_time_limit_whose_retry_the_broker_refuses_is_parked(world: MatrixWorld) -> None:
@@ -204,7 +224,9 @@ def test_a_probe_whose_body_retries_a_retry_on_error_does_not_close_the_breaker(
     world.dependency(up=False)
     breaker = world.resilience.breaker("dep")
     ids = world.publish(1, "own-retry-probe", task="polite")
-    wait_for(lambda: calls_of(world, ids[0]) >= 1, "the probe to call the dependency")
+    wait_for(
+        lambda: calls_of(world, ids[0]) >= 1, "the probe to call the dependency", SETTLE_TIMEOUT
+    )
     wait_for(
         lambda: breaker.snapshot()["opened_total"] == trips + 1, "the probe to trip the breaker", 15
     )

@@ -26,7 +26,8 @@ def config(**settings: Any) -> ResilienceConfig:
 def test_the_serializer_comes_from_an_allow_list_whatever_accept_content_says() -> None:
     assert config().serializer == "json"
     assert config(serializer="msgpack").serializer == "msgpack"
-    assert config(serializer="pickle").serializer == "pickle"  # named: allowed, with a warning
+    signed = config(serializer="pickle", signing_key=SECRET)
+    assert signed.serializer == "pickle"  # named and signed: allowed, with a warning
     with pytest.raises(ConfigurationError, match="resilience_serializer must be one of"):
         config(serializer="yaml")
 
@@ -72,10 +73,27 @@ def test_a_bad_key_names_the_setting_and_never_the_key(
 def test_a_pickle_store_is_a_start_up_warning() -> None:
     app = Celery("t", broker="redis://127.0.0.1:6379/15", set_as_current=False)
     app.conf.resilience_serializer = "pickle"
+    app.conf.resilience_signing_key = SECRET
     res = Resilience(app)
     try:
         findings = [f for f in run_checks(res.runtime) if "pickle" in f.message]
     finally:
         res.runtime.close()
     assert [f.level for f in findings] == ["warning"]
-    assert "resilience_signing_key" in findings[0].message
+    assert "signing verifies an entry before it is unpickled" in findings[0].message
+
+
+def test_a_pickle_store_without_a_signing_key_does_not_start() -> None:
+    """Whoever can write one unsigned pickled entry would run code in every reader."""
+    with pytest.raises(ConfigurationError) as raised:
+        config(serializer="pickle")
+    message = str(raised.value)
+    assert message.startswith("resilience_serializer = 'pickle' needs resilience_signing_key")
+    app = Celery("t", broker="redis://127.0.0.1:6379/15", set_as_current=False)
+    app.conf.resilience_serializer = "pickle"
+    from celery_resilience.config.every_error import setting_errors
+
+    errors, read = setting_errors(app.conf)  # ``check`` reports it, the rest is still checked
+    assert [str(e) for e in errors] == [message]
+    assert read is not None
+    assert read.serializer == "json"

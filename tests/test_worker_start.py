@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REDIS_URL
+from tests.support.services import REDIS_URL
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -3,16 +3,29 @@
 Envelope: an ASCII header line, then the body made by kombu's serializer registry::
 
     2;<serializer>;<signature or ->\\n<body>
+    3;<serializer>;<signing key id or ->;<signature or ->\\n<body>
 
 The header names the serializer the store wrote the body with, and only that one decodes it,
 from a fixed allow-list (JSON, msgpack; pickle only in a store whose own serializer is pickle):
 Celery's ``accept_content`` plays no part, so an app that accepts pickle for its tasks never
 unpickles store entries. With signing keys the signature is an HMAC-SHA256 over the entry id,
-the serializer and the whole body (every field that drives a publish), checked *before* the body
-is decoded. With an encryption key the fields that carry the task's data (:data:`SEALED`) are
-replaced by one ``sealed`` token (AES-256-GCM, bound to the entry id). Version ``1``
-envelopes (``1;<content_type>;<encoding>``, written by older releases) are still read, as
-unsigned.
+the serializer, the key id (version 3) and the whole body (every field that drives a publish),
+checked *before* the body is decoded. With an encryption key the fields that carry the task's
+data (:data:`SEALED`) are replaced by one ``sealed`` token (AES-256-GCM, bound to the entry id;
+in version 3 led by the id of the key that sealed it). Version ``1`` envelopes
+(``1;<content_type>;<encoding>``, written by older releases) are still read, as unsigned.
+
+Version 3 names the keys, so a process that lacks one holds the entry (:class:`Held`) for one
+that has it, and ``tampered`` means a failure against a key this process holds. Version 2 is
+what the previous release reads: it is written until the fleet's recorded minimum version says
+every process reads 3 (``fleet.py``). A JSON or msgpack body names its signing key as well
+(:data:`SIGNED_WITH`, a field the previous release ignores): a version-2 entry that fails here
+is read unverified for that name (decoding those formats runs nothing), and held when this
+process lacks the key; a pickled body is never read unverified, so fails as ``tampered``.
+An envelope version above those this release knows is held too: a reader never judges what a
+newer writer wrote. A body's unknown fields are ignored (a newer writer may add some; one whose
+meaning a reader must not miss comes with a new envelope version). The body holds a signed
+``expires_at`` (``lifetime.py``).
 
 The payload is written once, at park time, and never rewritten by the store's scripts (status,
 dead reason and leases live beside it, in meta), so one signature covers an entry's life; the
@@ -21,21 +34,17 @@ key rotation command re-encodes with the current keys.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
-from kombu import serialization
-from kombu.utils import json as kombu_json
-
 from ..config.trust import PICKLE, SAFE_SERIALIZERS
-from ..errors import ConfigurationError, UndecodableEntry
+from ..errors import UndecodableEntry
+from .body import dump, from_fields, load, readable
 from .entry import FIELDS, ParkedTask
-from .trust import TAMPERED, UNSIGNED, Cipher, Signer, Untrusted
+from .envelope import KEYED_ENVELOPE, PREVIOUS_ENVELOPE, Envelope, envelope_of, enveloped, signed
+from .lifetime import lifetime_end
+from .trust import TAMPERED, UNKNOWN_KEY, UNSIGNED, Cipher, Held, Signer, Untrusted
 
-ENVELOPE_VERSION = "2"
-#: Serializers any store reads back; pickle is added only where the store writes pickle.
-ALLOWED = SAFE_SERIALIZERS
 #: Fields sealed by the encryption key: the task's own data (its options carry argsrepr,
 #: kwargsrepr, headers and the signatures of linked tasks; errors often quote arguments).
 SEALED = ("args", "kwargs", "options", "exc_message", "traceback")
@@ -47,55 +56,30 @@ _EMPTY: dict[str, Any] = {
     "traceback": "",
 }
 
-# kombu is untyped: give its entry points the types this module relies on.
-_dumps: Callable[..., tuple[str, str, str | bytes]] = serialization.dumps
-_loads: Callable[..., object] = serialization.loads
-_json_loads: Callable[[bytes], object] = kombu_json.loads
-_JSON = "application/json"
-
-
-def _dump(value: Any, serializer: str) -> bytes:
-    _, encoding, payload = _dumps(value, serializer=serializer)
-    return payload.encode(encoding) if isinstance(payload, str) else bytes(payload)
-
-
-def _load(body: bytes, serializer: str) -> object:
-    content_type = serialization.registry.name_to_type[serializer]
-    try:
-        if content_type == _JSON:
-            # kombu's JSON, minus its registry's lookups; the C decoder alone when no value of
-            # kombu's own types (datetime, Decimal...: marked "__type__") needs its hook.
-            return _json_loads(body) if b'"__type__"' in body else json.loads(body)
-        encoding = "binary"
-        return _loads(body, content_type, encoding, accept={content_type})
-    except Exception as exc:  # any decoder (pickle above all) can raise anything on garbage
-        raise UndecodableEntry(f"{serializer} body can't be decoded: {exc!r}") from exc
-
-
-def readable(serializer: str) -> frozenset[str]:
-    """Serializers a store writing ``serializer`` reads back; ``ConfigurationError`` if it may
-    not write with it."""
-    if serializer not in (*ALLOWED, PICKLE):
-        raise ConfigurationError(
-            f"resilience_serializer must be one of {', '.join((*ALLOWED, PICKLE))}, "
-            f"got {serializer!r}"
-        )
-    return frozenset((*ALLOWED, serializer))
+#: The body's field that names the signing key's id (JSON and msgpack bodies).
+SIGNED_WITH = "signed_with"
 
 
 class Codec:
-    """How one store writes and reads entries: its serializer and its keys."""
+    """How one store writes and reads entries: its serializer, its keys, the envelope it writes
+    (``envelope()``: 2 or 3, asked at each write) and the signed lifetime of a new entry."""
 
     def __init__(
         self,
         serializer: str = "json",
         signing_keys: Sequence[str | bytes] = (),
         encryption_keys: Sequence[str | bytes] = (),
+        *,
+        lifetime: float | None = None,
+        envelope: Callable[[], int] | None = None,
     ) -> None:
         self.serializer = serializer
         self.readable = readable(serializer)
         self.signer = Signer(signing_keys) if signing_keys else None
         self.cipher = Cipher(encryption_keys) if encryption_keys else None
+        #: Seconds a new entry's signed lifetime lasts (``None``: it gets none).
+        self.lifetime = lifetime
+        self.envelope: Callable[[], int] = envelope or (lambda: PREVIOUS_ENVELOPE)
 
     def __repr__(self) -> str:
         signed = "signed" if self.signer else "unsigned"
@@ -103,108 +87,140 @@ class Codec:
         return f"<Codec {self.serializer} {signed} {sealed}>"
 
     @classmethod
-    def of(cls, config: Any) -> Codec:
+    def of(cls, config: Any, envelope: Callable[[], int] | None = None) -> Codec:
         """The codec of a ``ResilienceConfig``."""
-        return cls(config.serializer, config.signing_keys, config.encryption_keys)
+        return cls(
+            config.serializer,
+            config.signing_keys,
+            config.encryption_keys,
+            lifetime=config.entry_lifetime,
+            envelope=envelope,
+        )
 
     def encode(self, entry: ParkedTask) -> bytes:
-        """``entry`` as bytes; kombu's ``EncodeError`` if its args can't be serialized."""
-        body: dict[str, Any] = {name: getattr(entry, name) for name in FIELDS}
-        if self.cipher is not None:
-            plain = _dump({name: body[name] for name in SEALED}, self.serializer)
-            body.update(_EMPTY, sealed=self.cipher.encrypt(plain, entry.id.encode()))
-        data = _dump(body, self.serializer)
-        signature = (
-            "-"
-            if self.signer is None
-            else self.signer.sign(_signed(entry.id, self.serializer, data))
-        )
-        return f"{ENVELOPE_VERSION};{self.serializer};{signature}\n".encode("ascii") + data
+        """A new entry as bytes, its signed lifetime starting when it is due (its park time, or
+        later: :func:`~.lifetime.lifetime_end`; both are Redis's times); kombu's
+        ``EncodeError`` if its args can't be serialized."""
+        if entry.expires_at is None and self.lifetime is not None:
+            entry = entry.replace(expires_at=lifetime_end(entry, entry.parked_at, self.lifetime))
+        return self.reencode(entry)
 
-    def decode(
-        self, data: bytes, entry_id: str | None = None, *, trust_unsigned: bool = False
-    ) -> ParkedTask:
+    def reencode(self, entry: ParkedTask) -> bytes:
+        """``entry`` as bytes with this codec's first keys, its lifetime kept as it is."""
+        version = self.envelope()
+        body: dict[str, Any] = {name: getattr(entry, name) for name in FIELDS}
+        if self.signer is not None and self.serializer in SAFE_SERIALIZERS:
+            # Inside the signed body too, which envelope 2 (no key in its header) carries: a
+            # process that lacks this key holds the entry instead of judging it tampered.
+            body[SIGNED_WITH] = self.signer.key_id
+        if self.cipher is not None:
+            plain = dump({name: body[name] for name in SEALED}, self.serializer)
+            token = self.cipher.encrypt(plain, entry.id.encode())
+            if version >= KEYED_ENVELOPE:
+                token = f"{self.cipher.key_id}:{token}"
+            body.update(_EMPTY, sealed=token)
+        data = dump(body, self.serializer)
+        return enveloped(data, entry.id, self.serializer, self.signer, version)
+
+    def decode(self, data: bytes, entry_id: str | None = None) -> ParkedTask:
         """The entry stored in ``data`` under ``entry_id``: ``Untrusted`` if it fails the
-        signature check (``unsigned`` is let through with ``trust_unsigned``: the key rotation
-        command adopting entries parked before signing was on), ``UndecodableEntry`` for the
-        rest. Without the encryption key, a sealed entry comes back ``encrypted``."""
+        signature check against a key this process holds, ``Held`` if it names a key this
+        process lacks or comes in a newer release's envelope, ``UndecodableEntry`` for the
+        rest. Without the encryption key, a sealed entry comes back ``encrypted`` and held."""
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise UndecodableEntry(f"expected bytes, got {type(data).__name__}")
-        serializer, signature, body = _envelope(bytes(data))
+        envelope = envelope_of(data)
+        serializer = envelope.serializer
         if serializer not in self.readable:
             raise UndecodableEntry(f"serializer {serializer!r} is not one this store reads")
         if self.signer is not None:
-            if signature is None:
-                if not trust_unsigned:
-                    raise Untrusted(UNSIGNED, "it carries no signature and signing is on")
-            elif entry_id is None or not self.signer.verify(
-                _signed(entry_id, serializer, body), signature
-            ):
-                raise Untrusted(TAMPERED, "its signature does not match its content")
-        fields = _load(body, serializer)
+            self.check_signature(envelope, entry_id)
+        fields = load(envelope.body, serializer)
         if isinstance(fields, dict) and "sealed" in fields:
-            if self.cipher is None:  # listed, never published: see ParkedTask.encrypted
-                return from_fields({**fields, **_EMPTY}, encrypted=True)
-            fields = _unseal(self.cipher, fields, serializer)
+            return self._unsealed(fields, serializer)
         return from_fields(fields)
 
+    def check_signature(self, envelope: Envelope, entry_id: str | None) -> None:
+        """``Untrusted`` or ``Held`` unless ``envelope`` is signed by one of this codec's keys."""
+        signer = self.signer
+        assert signer is not None
+        if envelope.signature is None:
+            raise Untrusted(UNSIGNED, "it carries no signature and signing is on")
+        key = envelope.key
+        if key is not None and key not in signer.ids:
+            raise _lacking(key, signer)
+        message = signed(entry_id or "", envelope.serializer, envelope.body, key)
+        if entry_id is None or not signer.verify(message, envelope.signature, key):
+            named = None if key is not None else _key_in_body(envelope)
+            if named is not None and named not in signer.ids:
+                raise _lacking(named, signer, "its body says")
+            which = f"key {key}" if key else f"any of its {len(signer.ids)} key(s)"
+            raise Untrusted(
+                TAMPERED, f"its signature does not match its content with {which} held here"
+            )
 
-def _unseal(cipher: Cipher, fields: dict[str, Any], serializer: str) -> dict[str, Any]:
+    def _unsealed(self, fields: dict[str, Any], serializer: str) -> ParkedTask:
+        token = fields.get("sealed")
+        if not isinstance(token, str):
+            raise UndecodableEntry("sealed field is not a token")
+        key, _, rest = token.rpartition(":")  # version 3 leads with the key's id
+        if self.cipher is None:  # listed, never published: see ParkedTask.held
+            why = f"sealed with key {key}" if key else "sealed"
+            held = f"{why}, and this process has no encryption key"
+            return from_fields(
+                {**fields, **_EMPTY}, encrypted=True, held=held, held_code=UNKNOWN_KEY
+            )
+        if key and key not in self.cipher.ids:
+            held = f"sealed with encryption key {key}, which this process lacks"
+            return from_fields(
+                {**fields, **_EMPTY}, encrypted=True, held=held, held_code=UNKNOWN_KEY
+            )
+        return from_fields(
+            _unseal(self.cipher, {**fields, "sealed": rest}, serializer, key or None)
+        )
+
+
+def _unseal(
+    cipher: Cipher, fields: dict[str, Any], serializer: str, key: str | None
+) -> dict[str, Any]:
     """``fields`` with the sealed ones opened (the token is bound to the body's entry id)."""
     token = fields.pop("sealed")
     if not isinstance(token, str) or not isinstance(fields.get("id"), str):
         raise UndecodableEntry("sealed field is not a token")
-    inner = _load(cipher.decrypt(token, fields["id"].encode()), serializer)
+    inner = load(cipher.decrypt(token, fields["id"].encode(), key), serializer)
     if not isinstance(inner, dict) or set(inner) != set(SEALED):
         raise UndecodableEntry("sealed fields are not the expected ones")
     return {**fields, **inner}
 
 
-def _signed(entry_id: str, serializer: str, body: bytes) -> bytes:
-    """What a signature covers: the entry id (a body moved under another id fails), the
-    serializer and every byte of the body."""
-    return f"{ENVELOPE_VERSION}\n{entry_id}\n{serializer}\n".encode() + body
+def _lacking(key: str, signer: Signer, said: str = "") -> Held:
+    by = f" ({said}, unverified)" if said else ""
+    return Held(
+        UNKNOWN_KEY,
+        f"signed with key {key}{by}, which this process lacks (it holds {', '.join(signer.ids)})",
+    )
 
 
-def _envelope(data: bytes) -> tuple[str, str | None, bytes]:
-    """(serializer, signature or None, body) of the stored bytes."""
-    header, newline, body = data.partition(b"\n")
+def _key_in_body(envelope: Envelope) -> str | None:
+    """The signing key's id an envelope-2 body names (:data:`SIGNED_WITH`), read unverified,
+    from JSON and msgpack only (decoding them runs nothing): a forged one can only keep the
+    entry held. ``None`` for pickle, or when the body names none."""
+    if envelope.serializer not in SAFE_SERIALIZERS:
+        return None
     try:
-        version, first, second = header.decode("ascii").split(";")
-    except (UnicodeDecodeError, ValueError):
-        raise UndecodableEntry("no envelope header") from None
-    if not newline or version not in ("1", ENVELOPE_VERSION):
-        raise UndecodableEntry(f"unknown envelope version {version!r}")
-    if version == "1":  # <content_type>;<content_encoding>, never signed
-        name = serialization.registry.type_to_name.get(first)
-        if name is None:
-            raise UndecodableEntry(f"content type {first!r} is not one this store reads")
-        return str(name), None, body
-    return first, (None if second == "-" else second), body
+        fields = load(envelope.body, envelope.serializer)
+    except UndecodableEntry:
+        return None
+    named = fields.get(SIGNED_WITH) if isinstance(fields, dict) else None
+    return named if isinstance(named, str) and named else None
 
 
-def from_fields(fields: object, *, encrypted: bool = False) -> ParkedTask:
-    """The entry of a decoded body (``UndecodableEntry`` if it is not one)."""
-    if not isinstance(fields, dict):
-        raise UndecodableEntry(f"body is a {type(fields).__name__}, not a mapping")
-    # Unknown fields are ignored: a newer writer may add some.
-    values = {name: fields[name] for name in FIELDS if name in fields}
-    if len(values) < len(FIELDS) - 1:  # only dead_reason may be missing (older writers)
-        missing = [name for name in FIELDS if name not in fields and name != "dead_reason"]
-        if missing:
-            raise UndecodableEntry(f"missing fields: {', '.join(missing)}")
-    values["encrypted"] = encrypted
-    if isinstance(values["args"], tuple):  # serializers that keep tuples (pickle)
-        values["args"] = list(values["args"])
-    try:
-        for name in ("parked_at", "due_at"):
-            value = values[name]
-            # bool is an int subclass, but ``due_at=True`` is corruption: left for the check.
-            if type(value) is int:
-                values[name] = float(value)
-        return ParkedTask(**values)
-    except (TypeError, ValueError, OverflowError) as exc:
-        raise UndecodableEntry(str(exc)) from exc
+def signed_again(codec: Codec, envelope: Envelope, entry_id: str) -> bytes:
+    """The same body, signed by ``codec``'s first key, in the envelope it writes: what adopting
+    an unsigned entry writes (the body is not decoded to be signed)."""
+    assert codec.signer is not None
+    body, serializer = envelope.body, envelope.serializer
+    return enveloped(body, entry_id, serializer, codec.signer, codec.envelope())
 
 
 def encode(entry: ParkedTask, serializer: str = "json") -> bytes:

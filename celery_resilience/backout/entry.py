@@ -15,7 +15,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
-Reason = Literal["breaker_open", "retries_exhausted", "park_on", "delay_too_long", "redelivered"]
+Reason = Literal[
+    "breaker_open", "retries_exhausted", "park_on", "delay_too_long", "redelivered", "retry_budget"
+]
 Status = Literal["parked", "dead"]
 REASONS: tuple[Reason, ...] = get_args(Reason)
 STATUSES: tuple[Status, ...] = get_args(Status)
@@ -58,9 +60,19 @@ class ParkedTask:
     due_at: float
     status: Status
     dead_reason: str | None = field(default=None)
+    #: When its signed lifetime ends (epoch seconds): past it a drain can no longer tell the
+    #: entry from a copy of one it consumed (``None``: written by a release that signed none).
+    #: Set by the store that keeps the entry, so two copies of one task compare equal without.
+    expires_at: float | None = field(default=None, compare=False)
     #: Read without the encryption key: ``args``, ``kwargs``, ``options``, ``exc_message`` and
     #: ``traceback`` are sealed (empty here); such an entry can be listed, never published.
     encrypted: bool = field(default=False)
+    #: Why this process can't use the entry although another may (a key it lacks, a format of a
+    #: newer release): it leaves it parked for one that can. Never stored.
+    held: str | None = field(default=None)
+    #: The reason ``held`` gives, as a code (``unknown_key``, ``newer_format``): what held
+    #: entries are counted by.
+    held_code: str | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         # The one place the envelope is validated: decode relies on it for stored bytes too.
@@ -81,6 +93,14 @@ class ParkedTask:
             raise TypeError("ParkedTask.dead_reason must be a str or None")
         if not isinstance(self.encrypted, bool):
             raise TypeError("ParkedTask.encrypted must be a bool")
+        if self.held is not None and not isinstance(self.held, str):
+            raise TypeError("ParkedTask.held must be a str or None")
+        if (self.held is None) != (self.held_code is None):
+            raise ValueError("ParkedTask.held and held_code go together")
+        if self.expires_at is not None and (
+            not _is_number(self.expires_at) or not math.isfinite(self.expires_at)
+        ):
+            raise ValueError("ParkedTask.expires_at must be a finite number of epoch seconds")
         if self.reason not in REASONS:
             raise ValueError(f"ParkedTask.reason must be one of {REASONS}, got {self.reason!r}")
         if self.status not in STATUSES:
@@ -170,9 +190,11 @@ def undecodable(
     parked_at: float = 0.0,
     due_at: float = 0.0,
     code: str = "undecodable",
+    status: Status = "dead",
 ) -> ParkedTask:
     """The placeholder shown for stored bytes that can't be decoded or can't be trusted
-    (``code``: the dead reason; the bytes stay in the store)."""
+    (``code``: the dead reason they get, or got; ``status``: the store's, ``parked`` until a
+    drain marks them dead; the bytes stay in the store)."""
     return ParkedTask(
         id=entry_id,
         task_name=UNDECODABLE_TASK if code == "undecodable" else UNVERIFIED_TASK,
@@ -189,12 +211,55 @@ def undecodable(
         replays=0,
         parked_at=parked_at,
         due_at=due_at,
-        status="dead",
+        status=status,
         dead_reason=code,
     )
 
 
 _VERB = {"tampered": "trusted", "unsigned": "trusted", "undecryptable": "decrypted"}
 
-#: The fields an entry's body holds (``encrypted`` says how it was read: never stored).
-FIELDS = tuple(f.name for f in dataclasses.fields(ParkedTask) if f.name != "encrypted")
+
+def held_placeholder(
+    entry_id: str,
+    why: str,
+    code: str,
+    *,
+    breaker: str | None,
+    reason: Reason,
+    parked_at: float,
+    status: Status,
+    dead_reason: str | None,
+) -> ParkedTask:
+    """The placeholder of an entry this process can't read but another may (``why``, and as a
+    ``code``): it keeps the status the store gives it, and says why in ``held``."""
+    return ParkedTask(
+        id=entry_id,
+        task_name=HELD_TASK,
+        task_id="",
+        args=[],
+        kwargs={},
+        options={},
+        breaker=breaker,
+        reason=reason,
+        exc_type="",
+        exc_message=f"entry {entry_id} is held here: {why}",
+        traceback="",
+        retries=0,
+        replays=0,
+        parked_at=parked_at,
+        due_at=parked_at,
+        status=status,
+        dead_reason=dead_reason,
+        held=why,
+        held_code=code,
+    )
+
+
+#: ``task_name`` of the placeholder of an entry held for a process that can read it.
+HELD_TASK = "<held>"
+#: What a process knows of an entry beside its body: never stored in it.
+NOT_STORED = ("encrypted", "held", "held_code")
+#: The fields an entry's body holds.
+FIELDS = tuple(f.name for f in dataclasses.fields(ParkedTask) if f.name not in NOT_STORED)
+#: Fields an older writer may have left out of a body.
+OPTIONAL = ("dead_reason", "expires_at")

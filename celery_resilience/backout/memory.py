@@ -9,12 +9,15 @@ import builtins
 import math
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ..errors import StoreFull
 from .codec import Codec
 from .entry import ParkedTask
+from .lifetime import Consumed, ConsumedMemory
+from .reading import read_entry
 from .store import (
     ANY,
     FamilyOf,
@@ -23,9 +26,9 @@ from .store import (
     check_dead_reason,
     check_page,
     counter_scope,
-    held,
+    dead_code,
     no_family,
-    read_entry,
+    on_demand_only,
 )
 
 
@@ -37,6 +40,7 @@ class _Record:
     died_at: float | None = None
     due_at: float = 0.0  # the ready set's score: due time, or lease end while in flight
     lease_until: float | None = None
+    held: str | None = None  # why the last drain to judge it left it parked (``hold``)
 
 
 class MemoryBackoutStore:
@@ -59,6 +63,8 @@ class MemoryBackoutStore:
         self.serializer = self.codec.serializer
         self._records: dict[str, _Record] = {}
         self._stats: dict[str, float] = {}
+        #: What drains and replays published.
+        self._consumed = ConsumedMemory()
         self._lock = threading.Lock()
 
     def park(self, entry: ParkedTask) -> None:
@@ -69,7 +75,7 @@ class MemoryBackoutStore:
             if len(self._records) >= self.max_entries:
                 raise StoreFull(self.max_entries, entry.id)
             died_at = self.clock() if entry.status == "dead" else None
-            due_at = math.inf if held(entry.reason) else entry.due_at
+            due_at = math.inf if on_demand_only(entry.reason) else entry.due_at
             self._records[entry.id] = _Record(
                 data, Meta.of(entry), entry.parked_at, died_at, due_at=due_at
             )
@@ -80,6 +86,11 @@ class MemoryBackoutStore:
         with self._lock:
             record = self._records.get(entry_id)
         return None if record is None else self._read(entry_id, record)
+
+    def entries(self, entry_ids: Sequence[str]) -> builtins.list[ParkedTask]:
+        with self._lock:
+            found = [(i, r) for i in entry_ids if (r := self._records.get(i)) is not None]
+        return [self._read(i, r) for i, r in found]
 
     def count(self, where: Filter = ANY) -> int:
         with self._lock:
@@ -108,6 +119,20 @@ class MemoryBackoutStore:
             )
         found = [e for i, r in records if test(i, e := self._read(i, r))]
         return found[:limit]
+
+    def dead_by_reason(self) -> dict[str, int]:
+        with self._lock:
+            metas = [r.meta for r in self._records.values()]
+        return dict(Counter(dead_code(m.dead_reason) for m in metas if m.status == "dead"))
+
+    def held_entries(self) -> dict[str, tuple[int, float]]:
+        found: dict[str, tuple[int, float]] = {}
+        with self._lock:
+            for record in self._records.values():
+                if record.held is not None:
+                    count, oldest = found.get(record.held, (0, math.inf))
+                    found[record.held] = (count + 1, min(oldest, record.parked_at))
+        return found
 
     def oldest_parked(self) -> float | None:
         with self._lock:
@@ -152,7 +177,20 @@ class MemoryBackoutStore:
             if record is None or record.meta.status == "dead":
                 return False
             record.meta = record.meta.dead(dead_reason)
-            record.died_at = self.clock()
+            record.died_at, record.held = self.clock(), None
+            return True
+
+    def revive(self, entry_id: str, dead_reason: str, due_at: float) -> bool:
+        with self._lock:
+            record = self._records.get(entry_id)
+            meta = None if record is None else record.meta
+            if record is None or meta is None or meta.status != "dead":
+                return False
+            if meta.dead_reason != dead_reason:
+                return False
+            record.meta = Meta(meta.breaker, "parked", meta.reason)
+            record.died_at, record.lease_until = None, None
+            record.due_at = math.inf if on_demand_only(meta.reason) else due_at
             return True
 
     def expire_dead(self) -> int:
@@ -167,11 +205,16 @@ class MemoryBackoutStore:
                 del self._records[entry_id]
         return len(doomed)
 
-    def payloads(self, offset: int, limit: int) -> builtins.list[tuple[str, bytes]]:
-        check_page(limit, offset)
+    def payloads(self, after: str, limit: int) -> tuple[str, builtins.list[tuple[str, bytes]]]:
+        check_page(limit, 0)
+        with self._lock:  # by entry id: ids never change, so no entry is passed over
+            page = sorted((i, r.data) for i, r in self._records.items() if i > after)[:limit]
+        return (page[-1][0] if len(page) == limit and limit else ""), page
+
+    def payload(self, entry_id: str) -> bytes | None:
         with self._lock:
-            ordered = sorted(self._records.items(), key=lambda i: (i[1].parked_at, i[0]))
-            return [(i, r.data) for i, r in reversed(ordered)][offset : offset + limit]
+            record = self._records.get(entry_id)
+        return None if record is None else record.data
 
     def rewrite(self, entry_id: str, old: bytes, new: bytes) -> bool:
         with self._lock:
@@ -207,17 +250,37 @@ class MemoryBackoutStore:
                 record.due_at = record.lease_until = now + lease
             return [self._read(i, self._records[i]) for _, i in due]
 
-    def ack(self, breaker: str, entry_ids: Sequence[str]) -> int:
+    def ack(self, breaker: str, entry_ids: Sequence[str], consumed: Sequence[Consumed] = ()) -> int:
         with self._lock:
+            self._consumed.remember(consumed, self.clock())
             return sum(1 for i in entry_ids if self._records.pop(i, None) is not None)
 
+    def forget_consumed(self) -> int:
+        with self._lock:
+            return self._consumed.forget(self.clock())
+
+    def consumed(self, entry_ids: Sequence[str]) -> dict[str, float]:
+        with self._lock:
+            return self._consumed.of(entry_ids)
+
+    def give_back(self, breaker: str, entry_ids: Sequence[str], due_at: float) -> int:
+        return self._give_back(entry_ids, due_at, None)
+
     def release(self, breaker: str, entry_ids: Sequence[str], due_at: float) -> int:
+        """Deprecated alias of :meth:`give_back`: ``release`` names a permit's end (see the
+        design page's glossary)."""
+        return self.give_back(breaker, entry_ids, due_at)
+
+    def hold(self, breaker: str, entry_ids: Sequence[str], code: str, due_at: float) -> int:
+        return self._give_back(entry_ids, due_at, code)
+
+    def _give_back(self, entry_ids: Sequence[str], due_at: float, held: str | None) -> int:
         released = 0
         with self._lock:
             for entry_id in entry_ids:
                 record = self._records.get(entry_id)
                 if record is not None and record.lease_until is not None:
-                    record.due_at, record.lease_until = due_at, None
+                    record.due_at, record.lease_until, record.held = due_at, None, held
                     released += 1
         return released
 

@@ -12,10 +12,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from ..errors import UndecodableEntry
-from .codec import Codec
-from .entry import REASONS, STATUSES, ParkedTask, Reason, Status, undecodable
-from .trust import TAMPERED, Untrusted
+from .entry import REASONS, STATUSES, ParkedTask, Reason, Status
+from .lifetime import Consumed
 
 #: Internal breaker name of entries parked without a breaker. ``ParkedTask.breaker`` reports
 #: them as ``None``; ``breakers()`` lists the group as ``NO_BREAKER`` and the ``breaker`` filter
@@ -29,9 +27,9 @@ UNREADABLE_META = "unreadable_meta"
 class Filter:
     """Which entries ``count``, ``list`` and ``purge`` mean; a field left ``None`` matches any.
 
-    One value instead of loose ``breaker, status, reason`` arguments: the public
-    ``Backout.list(breaker, status, limit, ...)`` and the store once took them in different
-    orders, and a string passed in the wrong place type-checked. ``breaker`` is a breaker name
+    One value instead of loose ``breaker, status, reason`` arguments, which could be taken in
+    different orders by the public ``Backout.list(breaker, status, limit, ...)`` and the store,
+    and a string passed in the wrong place would type-check. ``breaker`` is a breaker name
     or :data:`NO_BREAKER`. A filter is checked when made, so a typo fails where it was written
     and never looks like an empty store.
     """
@@ -74,6 +72,10 @@ class EntryStore(Protocol):
     def get(self, entry_id: str) -> ParkedTask | None:
         """The entry, a placeholder if its bytes can't be decoded, ``None`` if absent."""
 
+    def entries(self, entry_ids: Sequence[str]) -> builtins.list[ParkedTask]:
+        """The entries of ``entry_ids`` that exist, in that order, read as ``get`` reads them, in
+        one go."""
+
     def count(self, where: Filter = ANY) -> int:
         """Number of matching entries, undecodable ones included."""
 
@@ -103,6 +105,14 @@ class EntryStore(Protocol):
     def with_task_id(self, task_id: str, limit: int = 20) -> builtins.list[ParkedTask]:
         """Entries of the Celery task ``task_id``, at most ``limit``, newest first."""
 
+    def dead_by_reason(self) -> dict[str, int]:
+        """Dead entries by the code of their dead reason (``replayed``, ``tampered``...), read
+        from every dead entry's metadata (a scan: for ``check``, not for every scrape)."""
+
+    def held_entries(self) -> dict[str, tuple[int, float]]:
+        """Entries the drain left parked for a process that can read them (:meth:`Claims.hold`),
+        by the reason they are held for: how many, and the oldest one's ``parked_at``."""
+
     def oldest_parked(self) -> float | None:
         """``parked_at`` of the oldest entry still ``parked`` (dead ones wait for a person, not
         for the drain); ``None`` when none is, or when more than :data:`OLDEST_SCAN` dead
@@ -111,12 +121,22 @@ class EntryStore(Protocol):
     def mark_dead(self, entry_id: str, dead_reason: str) -> bool:
         """Move a parked entry to dead (out of the ready set); ``False`` if absent or dead."""
 
+    def revive(self, entry_id: str, dead_reason: str, due_at: float) -> bool:
+        """Park a dead entry again, due at ``due_at``, if it is still dead for ``dead_reason``
+        (a person's repair of an entry that reads and verifies now); whether it did."""
+
     def expire_dead(self) -> int:
         """Remove entries dead for longer than ``dead_ttl`` (none when unset); the number."""
 
-    def payloads(self, offset: int, limit: int) -> builtins.list[tuple[str, bytes]]:
-        """Stored bytes of up to ``limit`` entries from ``offset``, in a stable order (the key
-        rotation command pages through them)."""
+    def payloads(self, after: str, limit: int) -> tuple[str, builtins.list[tuple[str, bytes]]]:
+        """Stored bytes of about ``limit`` entries from position ``after`` (``""``: the start),
+        and the position of the next page (``""``: every entry was seen). Every entry that
+        exists from the first page to the last is in one of them (some may come twice),
+        whatever is parked, drained or deleted meanwhile: the key rotation walks the store so.
+        """
+
+    def payload(self, entry_id: str) -> bytes | None:
+        """The stored bytes of one entry, ``None`` if absent."""
 
     def rewrite(self, entry_id: str, old: bytes, new: bytes) -> bool:
         """Replace an entry's bytes with ``new`` if they still are ``old``; whether it did."""
@@ -130,15 +150,38 @@ class Claims(Protocol):
     ) -> builtins.list[ParkedTask]:
         """Lease up to ``limit`` due entries of ``breaker`` to the caller (the drain).
 
-        Until acked or released they are not due; if the caller dies, they are due again when
+        Until acked or given back they are not due; if the caller dies, they are due again when
         the lease ends. Undecodable ones come back as placeholders (``dead_reason`` set).
         """
 
-    def ack(self, breaker: str, entry_ids: Sequence[str]) -> int:
-        """Remove claimed entries of ``breaker`` once they were published; the number removed."""
+    def ack(self, breaker: str, entry_ids: Sequence[str], consumed: Sequence[Consumed] = ()) -> int:
+        """Remove claimed entries of ``breaker`` once they were published; the number removed.
+        ``consumed``: what to remember of them, in the same atomic step (see :class:`Consumed`),
+        whatever ``entry_ids`` holds (an empty one too); and, as ``forget_consumed`` does, at
+        least as many remembered entries whose time is up are forgotten.
+        """
+
+    def consumed(self, entry_ids: Sequence[str]) -> dict[str, float]:
+        """The signed ``parked_at`` of each of ``entry_ids`` that a drain or a replay consumed
+        and still remembers."""
+
+    def forget_consumed(self) -> int:
+        """Forget every remembered entry whose time is up; the number forgotten. It writes
+        what an ack writes: the drain and a replay call it first, so that a process that may
+        not write it is refused before it publishes anything."""
+
+    def give_back(self, breaker: str, entry_ids: Sequence[str], due_at: float) -> int:
+        """Give claimed entries back unreplayed, due again at ``due_at``; the number given back.
+        They were read here: no longer held (:meth:`hold`)."""
 
     def release(self, breaker: str, entry_ids: Sequence[str], due_at: float) -> int:
-        """Give claimed entries back, due again at ``due_at``; the number given back."""
+        """Deprecated alias of :meth:`give_back`: ``release`` names a permit's end (see the
+        design page's glossary)."""
+
+    def hold(self, breaker: str, entry_ids: Sequence[str], code: str, due_at: float) -> int:
+        """Give claimed entries back, due again at ``due_at``, held for ``code`` (``unknown_key``,
+        ``newer_format``: this process can't read them, another may). They count in
+        :meth:`EntryStore.held_entries` until a drain reads them or they are deleted or dead."""
 
     def in_flight(self) -> int:
         """Entries claimed and still under lease."""
@@ -172,6 +215,9 @@ class Meta:
     status: Status
     reason: Reason
     dead_reason: str | None = None
+    #: Why this release can't read the status or reason (a newer release's value): the entry
+    #: is held, for a process that reads it, never judged here.
+    newer: str | None = None
 
     @classmethod
     def of(cls, entry: ParkedTask) -> Meta:
@@ -188,8 +234,14 @@ class Meta:
             return cls(NO_BREAKER, "dead", "park_on", UNREADABLE_META)
         status, reason, dead_reason, breaker = parts
         if status not in STATUSES or reason not in REASONS:
-            # Written by another release or by hand: quarantined, never a reason to stop a drain.
-            return cls(breaker, "dead", reason if reason in REASONS else "park_on", UNREADABLE_META)
+            # Written by a newer release (or by hand): held, never judged, never published here.
+            return cls(
+                breaker,
+                status if status in STATUSES else "parked",
+                reason if reason in REASONS else "park_on",
+                dead_reason or None,
+                newer=f"its status or reason ({status}, {reason}) is unknown to this release",
+            )
         return cls(breaker, status, reason, dead_reason or None)
 
     @property
@@ -236,12 +288,12 @@ def dead_code(reason: str | None) -> str:
 #: Reasons whose entries are never due: only a replay on demand sends them. A message
 #: redelivered past ``resilience_max_deliveries`` most likely kills its worker: the drain must
 #: not feed it to the pool again.
-HELD_REASONS: tuple[Reason, ...] = ("redelivered",)
+ON_DEMAND_REASONS: tuple[Reason, ...] = ("redelivered",)
 
 
-def held(reason: str) -> bool:
-    """Whether entries parked for ``reason`` wait for a person (see :data:`HELD_REASONS`)."""
-    return reason in HELD_REASONS
+def on_demand_only(reason: str) -> bool:
+    """Whether entries parked for ``reason`` wait for a person (see :data:`ON_DEMAND_REASONS`)."""
+    return reason in ON_DEMAND_REASONS
 
 
 def check_dead_reason(dead_reason: str) -> None:
@@ -270,44 +322,6 @@ def count_in(counters: dict[str, int], where: Filter) -> int:
         if where.breaker in (None, breaker) and where.status in (None, status):
             total += value
     return total
-
-
-def read_entry(
-    entry_id: str,
-    data: bytes,
-    meta: Meta,
-    parked_at: float,
-    codec: Codec,
-) -> ParkedTask:
-    """The stored entry with its stored status, or the placeholder if it can't be decoded or
-    trusted (its dead reason says which: ``undecodable``, ``tampered``, ``unsigned``...).
-
-    With signing on, meta (not signed: the store's scripts rewrite it) must agree with the
-    signed payload on what decides whether the drain sends it: breaker and reason.
-    """
-    try:
-        entry = codec.decode(data, entry_id)
-        if entry.id != entry_id:
-            raise UndecodableEntry(f"payload belongs to entry {entry.id}")
-        if codec.signer is not None and (meta.breaker, meta.reason) != (
-            breaker_key(entry.breaker),
-            entry.reason,
-        ):
-            raise Untrusted(TAMPERED, "its breaker or reason was changed beside it")
-    except UndecodableEntry as exc:
-        breaker = None if meta.breaker == NO_BREAKER else meta.breaker
-        return undecodable(
-            entry_id,
-            exc,
-            breaker=breaker,
-            reason=meta.reason,
-            parked_at=parked_at,
-            due_at=parked_at,
-            code=exc.code if isinstance(exc, Untrusted) else "undecodable",
-        )
-    if (entry.status, entry.dead_reason) != (meta.status, meta.dead_reason):
-        entry = entry.replace(status=meta.status, dead_reason=meta.dead_reason)
-    return entry
 
 
 #: The declared base of a breaker named at call time, ``None`` for any other name (the app's

@@ -13,7 +13,7 @@ An open breaker rejects without a round trip too, once the process was told how 
 open: until that time passes (measured from when the question was sent, so never later than
 Redis's ``open_until``), while the change feed reports no change of the breaker.
 
-A cancelled coroutine (``asyncio.CancelledError``) judges nothing: its permit is given back (a
+A cancelled coroutine (``asyncio.CancelledError``) judges nothing: its permit is released (a
 probe's half-open slot freed at once), also when the cancellation arrives while Redis is still
 being asked for the permit.
 """
@@ -26,10 +26,13 @@ import os
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Protocol
 
+from ..backoff import retry_after
 from ..errors import BreakerOpen
 from .knowledge import Knowledge
 from .permit import Admission, Outcome, Permit
@@ -43,11 +46,17 @@ class Breaker(Protocol):
 
     def admit(self) -> Admission: ...
 
-    def _local_permit(self) -> Permit | None: ...
+    def _quick_permit(self) -> Permit | None: ...
 
     def _defer(self, permit: Permit, outcome: Outcome) -> bool: ...
 
-    def _record(self, permit: Permit, outcome: Outcome) -> None: ...
+    def _record(
+        self, permit: Permit, outcome: Outcome, least_open: float | None = None
+    ) -> None: ...
+
+    def _family_refresh_due(self) -> bool: ...
+
+    def refresh_family(self, generation: int | None = None) -> None: ...
 
 
 #: Threads asking Redis for asyncio callers, per process: enough for a burst of round trips on
@@ -109,8 +118,8 @@ def remember(breaker: Breaker, rejected: BreakerOpen, sent: float) -> None:
     _rejections[breaker] = _Rejection(view.version, view.generation, until)
 
 
-def _give_back(done: Future[Admission]) -> None:
-    """The admission of a cancelled caller: its permit goes back, from a pool thread."""
+def _release(done: Future[Admission]) -> None:
+    """The admission of a cancelled caller: its permit released, from a pool thread."""
     if done.cancelled() or done.exception() is not None:
         return
     permit = done.result().permit
@@ -123,13 +132,14 @@ async def _admit(breaker: Breaker) -> Admission:
     try:
         return await asyncio.wrap_future(asked)
     except asyncio.CancelledError:
-        asked.add_done_callback(_give_back)  # it may have been granted meanwhile
+        asked.add_done_callback(_release)  # it may have been granted meanwhile
         raise
 
 
 async def acquire(breaker: Breaker) -> Permit:
-    """A permit, or :class:`BreakerOpen`; Redis is asked off the event loop when it must be."""
-    permit = breaker._local_permit()
+    """A permit, or :class:`BreakerOpen` (:class:`RateLimited` over the breaker's rate limit);
+    Redis is asked off the event loop when it must be."""
+    permit = breaker._quick_permit()
     if permit is not None:
         return permit
     rejected = remembered(breaker)
@@ -138,7 +148,8 @@ async def acquire(breaker: Breaker) -> Permit:
     sent = time.monotonic()
     admission = await _admit(breaker)
     if admission.rejected is not None:
-        remember(breaker, admission.rejected, sent)
+        if isinstance(admission.rejected, BreakerOpen):
+            remember(breaker, admission.rejected, sent)
         raise admission.rejected
     assert admission.permit is not None
     return admission.permit
@@ -156,22 +167,34 @@ def judge(permit: Permit, exc_type: type[BaseException] | None) -> Outcome:
     return "failure"
 
 
-async def settle(breaker: Breaker, permit: Permit, exc_type: type[BaseException] | None) -> None:
-    """Report how the permitted block ended, waiting for Redis only off the event loop."""
+async def settle(
+    breaker: Breaker,
+    permit: Permit,
+    exc_type: type[BaseException] | None,
+    least_open: float | None = None,
+) -> None:
+    """Report how the permitted block ended. Only what needs no round trip happens on the event
+    loop; anything sent to Redis (a failure, a success that must be recorded, a probe's lease
+    or a bulkhead slot released, a family's refresh) goes through the process's pool, awaited
+    unless the caller was cancelled (it may be cancelled again)."""
     outcome = judge(permit, exc_type)
+    work: Callable[[], None]
     if outcome == "release":
-        if permit.kind != "probe":
-            permit.release()  # nothing to send: marks the permit used
-        elif exc_type is not None and not issubclass(exc_type, Exception):
-            executor().submit(permit.release)  # cancelled: not awaited, it may be cancelled again
-        else:
-            await asyncio.wrap_future(executor().submit(permit.release))
-        return
-    if not permit._finish():
+        if not permit.leased:
+            permit.release()  # no lease to free: this marks the permit used
+            return
+        work = permit.release
+    elif not permit._finish():
         return  # reported already, or Redis was down and fail_open let the call through
-    if breaker._defer(permit, outcome):
-        return
-    await asyncio.wrap_future(executor().submit(breaker._record, permit, outcome))
+    elif breaker._defer(permit, outcome):  # counted in the process
+        if not breaker._family_refresh_due():
+            return
+        work = breaker.refresh_family
+    else:
+        work = partial(breaker._record, permit, outcome, least_open)
+    sent = executor().submit(work)
+    if exc_type is None or issubclass(exc_type, Exception):
+        await asyncio.wrap_future(sent)
 
 
 class AsyncPermit:
@@ -181,20 +204,24 @@ class AsyncPermit:
     type; a success slower than ``slow_call_seconds`` counts as one too; a cancellation counts
     neither way. Made by ``Breaker.permit()``; one use per object. The block's end is the
     outcome: calling the permit's own ``success()`` or ``failure()`` inside it would wait for
-    Redis on the event loop.
+    Redis on the event loop. ``granted``: a permit already acquired (``acall`` with a fallback
+    acquires first, so that only the breaker's own refusal falls back).
     """
 
-    __slots__ = ("_breaker", "_permit")
+    __slots__ = ("_breaker", "_granted", "_permit")
 
-    def __init__(self, breaker: Breaker) -> None:
+    def __init__(self, breaker: Breaker, granted: Permit | None = None) -> None:
         self._breaker = breaker
+        self._granted = granted
         self._permit: Permit | None = None
 
     async def __aenter__(self) -> Permit:
-        self._permit = await acquire(self._breaker)
+        granted, self._granted = self._granted, None
+        self._permit = granted if granted is not None else await acquire(self._breaker)
         return self._permit
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: object, tb: Any) -> None:
         permit, self._permit = self._permit, None
         if permit is not None:
-            await settle(self._breaker, permit, exc_type)
+            least = retry_after(exc, time.time()) if isinstance(exc, BaseException) else None
+            await settle(self._breaker, permit, exc_type, least)

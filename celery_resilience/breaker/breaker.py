@@ -6,11 +6,14 @@ round trip, and successes are counted in the process and sent at most once a sec
 when they end a streak of failures; a failure is always recorded at once.
 
 What a caller holds lives apart: ``Permit`` and ``Admission`` in ``permit.py``; so does the
-outage state that every breaker of an app shares, ``RedisHealth`` in ``health.py``.
+outage state that every breaker of an app shares, ``RedisHealth`` in ``health.py``. A breaker with
+a ``rate_limit`` takes one of the calls its process leased from the fleet's rate before it
+admits a call (``rate.py``): a batch is leased in one round trip, the calls in it cost none.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 import threading
 import time
@@ -21,14 +24,18 @@ from typing import Any, TypeVar, cast
 import redis
 
 from ..config import BreakerConfig
-from ..errors import BreakerOpen, BulkheadFull
+from ..errors import REFUSALS, BreakerOpen, BulkheadFull, RateLimited
 from ..redact import get_logger
 from ..redis_io import unavailable
+from . import aio
 from .aio import AsyncPermit
+from .fallback import Counter, Fallback, FallbackLog, announce
+from .fallback import check as check_fallback
 from .health import RedisHealth
 from .knowledge import Knowledge, forks
 from .permit import Admission, Outcome, Permit
-from .store import BreakerStore, Delivery
+from .rate import ASK, RateLease
+from .store import BreakerStore, DeliveryQuestions
 from .types import STATES, Action, Change, Decision, Limits, State, Transition
 
 logger = get_logger("celery_resilience.breaker")
@@ -52,6 +59,7 @@ class Breaker:
         listeners: list[TransitionListener] | None = None,
         knowledge: Knowledge | None = None,
         base: str | None = None,
+        fallbacks: Counter | None = None,
     ) -> None:
         self.name = name
         self.config = config
@@ -64,10 +72,16 @@ class Breaker:
         self._family_successes = base is not None and not config.failure_rate_threshold
         #: With a bulkhead every call takes and frees a slot in Redis: no call is answered alone.
         self.bulkhead = config.max_concurrent_calls is not None
+        per_second = config.rate_per_second
+        #: The calls this process leased from the breaker's ``rate_limit`` (``None``: no limit).
+        self.rate = None if per_second is None else RateLease(per_second)
         self._store = store
         self._health = health
         self._knowledge = knowledge if knowledge is not None else Knowledge(store)
         self.listeners = listeners if listeners is not None else []
+        #: Counts a call's fallback (breaker, reason) for the metrics; ``None``: not counted.
+        self._count_fallback = fallbacks
+        self._fallback_log = FallbackLog(name)
         self._lock = threading.Lock()
         self._deferred = 0
         self._forks = forks()  # deferred successes belong to this process, not a forked child
@@ -78,25 +92,42 @@ class Breaker:
 
     # -- the call protocol --------------------------------------------------------------
     def acquire(self) -> Permit:
-        """A permit for one call, or :class:`BreakerOpen` when the breaker rejects it."""
+        """A permit for one call; :class:`BreakerOpen` when the breaker rejects it,
+        :class:`RateLimited` when its ``rate_limit`` does."""
         admission = self.admit()
         if admission.rejected is not None:
             raise admission.rejected
         assert admission.permit is not None
         return admission.permit
 
-    def admit(self, delivery: Delivery | None = None) -> Admission:
+    def admit(self, delivery: DeliveryQuestions | None = None, permit_id: str = "") -> Admission:
         """``acquire`` without raising, answering the task-level ``delivery`` questions too.
 
         A closed breaker that this process knows for sure (see ``knowledge.py``) admits without a
         round trip; anything else asks Redis, and the answer teaches the process again.
+        ``permit_id`` names what the permit holds in Redis (a task delivery's token, so that
+        another process can :meth:`release_lost` it); by default one of its own. With a
+        ``rate_limit``, a call of the rate is taken first, and given back if the breaker turns
+        the call down.
         """
+        if self.rate is not None:
+            limited = self._rate_refusal(self.rate, permit_id)
+            if limited is not None:
+                return limited
+            admission = self._admit(delivery, permit_id)
+            if admission.permit is None:
+                self.rate.give_back()
+            return admission
+        return self._admit(delivery, permit_id)
+
+    def _admit(self, delivery: DeliveryQuestions | None, permit_id: str) -> Admission:
+        """The breaker's own admission (``admit`` less the rate limit)."""
         if delivery is None:
             permit = self._local_permit()
             if permit is not None:
                 return Admission(permit, None)
         generation = self._knowledge.start()
-        permit_id = uuid.uuid4().hex
+        permit_id = permit_id or uuid.uuid4().hex
         # Deferred successes ride along once per FLUSH_INTERVAL.
         deferred = self._take_deferred() if self._flush_due() else 0
         try:
@@ -138,19 +169,122 @@ class Breaker:
             return Permit(self, "normal")
         return None
 
-    def call(self, fn: Callable[..., R], *args: Any, **kwargs: Any) -> R:
-        """Run ``fn`` through the breaker; raises :class:`BreakerOpen` when not admitted."""
-        with self.acquire():
+    def _rate_refusal(self, lease: RateLease, permit_id: str) -> Admission | None:
+        """``None`` once a call of the rate limit is taken; else how the call is turned away
+        (over the rate, or Redis unreachable under ``fail_closed``; ``fail_open`` lets it
+        through unrecorded, as the admission would)."""
+        try:
+            wait = lease.take_or_lease(self._lease_batch)
+        except redis.RedisError as exc:
+            self._unreachable(exc)
+            if self._health.policy == "fail_closed":
+                return Admission(None, BreakerOpen(self.name, "unavailable"))
+            return Admission(Permit(self, None, permit_id), None)
+        if wait > 0:
+            return Admission(None, RateLimited(self.name, wait))
+        return None
+
+    def _lease_batch(self, refused: int) -> int:
+        """One round trip for a batch of the rate limit (``lua/rate.lua``), counting the
+        ``refused`` calls: microseconds until one would be granted (0: granted)."""
+        assert self.rate is not None
+        lease = self.rate
+        wait_us = self._store().lease_rate(
+            self.name, self.limits, lease.span_us, lease.burst_us, refused
+        )
+        self._health.ok()
+        return wait_us
+
+    def _quick_permit(self) -> Permit | None:
+        """A permit granted with no round trip at all (an asyncio caller's, on its event
+        loop), or ``None``: ask through :meth:`admit`. Raises :class:`RateLimited` when the
+        process knows the rate limit turns the call away."""
+        lease = self.rate
+        if lease is None:
+            return self._local_permit()
+        wait = lease.take()
+        if wait == ASK:
+            return None
+        if wait > 0:
+            raise RateLimited(self.name, wait)
+        permit = self._local_permit()
+        if permit is None:
+            lease.give_back()  # admit() takes its own
+        return permit
+
+    def call(
+        self, fn: Callable[..., R], /, *args: Any, fallback: Fallback | None = None, **kwargs: Any
+    ) -> R:
+        """Run ``fn`` through the breaker; raises :class:`BreakerOpen` when not admitted,
+        :class:`RateLimited` when over the breaker's ``rate_limit``, or with ``fallback``
+        returns ``fallback(refusal)`` instead (``fallback.py``). A failure
+        of ``fn`` is recorded and raised either way. ``fallback`` is this method's own keyword:
+        a function whose parameter has that name is wrapped (``functools.partial``)."""
+        if fallback is None:
+            with self.acquire():
+                self._fallback_log.admitted()
+                return fn(*args, **kwargs)
+        check_fallback(fallback)
+        try:
+            permit = self.acquire()
+        except REFUSALS as refusal:
+            announce(refusal, self._fallback_log, self._count_fallback)
+            return cast(R, fallback(refusal))
+        self._fallback_log.admitted()
+        with permit:
             return fn(*args, **kwargs)
 
-    async def acall(self, fn: Callable[..., Awaitable[R]], *args: Any, **kwargs: Any) -> R:
-        """``call`` for a coroutine function, awaited without blocking the event loop."""
-        async with self.permit():
+    async def acall(
+        self,
+        fn: Callable[..., Awaitable[R]],
+        /,
+        *args: Any,
+        fallback: Fallback | None = None,
+        **kwargs: Any,
+    ) -> R:
+        """``call`` for a coroutine function, awaited without blocking the event loop; a
+        ``fallback`` may be a coroutine function too (what it returns is awaited if it is
+        awaitable)."""
+        if fallback is None:
+            async with self.permit():
+                self._fallback_log.admitted()
+                return await fn(*args, **kwargs)
+        check_fallback(fallback)
+        try:
+            permit = await aio.acquire(self)
+        except REFUSALS as refusal:
+            announce(refusal, self._fallback_log, self._count_fallback)
+            value = fallback(refusal)
+            return cast(R, await value if inspect.isawaitable(value) else value)
+        self._fallback_log.admitted()
+        async with aio.AsyncPermit(self, permit):
             return await fn(*args, **kwargs)
 
     def permit(self) -> AsyncPermit:
         """``async with breaker.permit():`` admits the block as ``acquire`` would (see ``aio``)."""
         return AsyncPermit(self)
+
+    def retry_allowed(self) -> bool:
+        """Whether one more retry of a call through this breaker is within its retry budget
+        (``retry_budget``), taking it from the budget if so: ask once per retry, right before
+        making it. ``True`` with no round trip when the breaker has no budget; when Redis
+        can't be reached, ``resilience_on_redis_error`` answers (``fail_open``: yes)."""
+        return self.spend_retries(1) == 1
+
+    def spend_retries(self, wanted: int) -> int:
+        """Take up to ``wanted`` retries (a drain's batch of replays) from the retry budget:
+        how many it granted (all of them without a budget)."""
+        ratio = self.config.retry_budget
+        if ratio is None or wanted <= 0:
+            return max(0, wanted)
+        floor = self.config.min_retries_per_second
+        try:
+            granted = self._store().spend_retries(self.name, self.limits, ratio, floor, wanted)
+        except redis.RedisError as exc:
+            self._unreachable(exc)
+            return 0 if self._health.policy == "fail_closed" else wanted
+        self._health.ok()
+        return granted
 
     def known_state(self) -> State:
         """The state as this process knows it: no round trip while the change feed keeps its
@@ -168,9 +302,11 @@ class Breaker:
         self._learn(change, generation)
         return change.state
 
-    def _record(self, permit: Permit, outcome: Outcome) -> None:
+    def _record(self, permit: Permit, outcome: Outcome, least_open: float | None = None) -> None:
         assert permit.kind is not None
         if self._defer(permit, outcome):
+            if self._family_refresh_due():
+                self.refresh_family()
             return
         # A failure, a success that ends a streak, or a due flush: sent now, with this
         # process's deferred successes first.
@@ -190,6 +326,7 @@ class Breaker:
                     permit.permit_id,
                     outcome == "success",
                     deferred,
+                    least_open_us=round(least_open * 1_000_000) if least_open else 0,
                 )
         except redis.RedisError as exc:
             self._return_deferred(deferred)  # they still happened: the next record carries them
@@ -222,24 +359,27 @@ class Breaker:
             self._unreachable(exc)
 
     def _defer(self, permit: Permit, outcome: Outcome) -> bool:
-        """Count a success in the process if it needs no round trip; ``False`` if it does."""
-        if outcome != "success" or permit.kind != "normal":
-            return False
+        """Count a success in the process if it needs no round trip; ``False`` if it does.
+        Never a round trip itself (asyncio callers run it on their event loop): a derived
+        breaker's family may be due a refresh after it (:meth:`_family_refresh_due`)."""
+        if outcome != "success" or permit.kind != "normal" or self.bulkhead:
+            return False  # a bulkhead's slot is freed by the record
         if self.base is not None:
             # A member known closed: its family's next refresh (at most one a flush interval)
             # carries the success; the refresh also keeps the family known.
             if not (self._family_successes and self._knowledge.admits_member(self.base, self.name)):
                 return False
-            self._knowledge.defer_member_success(self.base)
-            if self._knowledge.family_due(self.base):
-                self.refresh_family()
-            return True
+            return self._knowledge.defer_member_success(self.base)
         if self._may_defer():
             with self._lock:
                 self._forget_inherited()
                 self._deferred += 1
             return True
         return False
+
+    def _family_refresh_due(self) -> bool:
+        """Whether this derived breaker's family is due a refresh (:meth:`refresh_family`)."""
+        return self.base is not None and self._knowledge.family_due(self.base)
 
     def _may_defer(self) -> bool:
         """A success may wait for the next flush only if it ends no streak of failures (known
@@ -273,7 +413,9 @@ class Breaker:
             self._deferred += count
 
     def flush(self) -> None:
-        """Send deferred successes now (at worker shutdown, or before reading exact counts)."""
+        """Send deferred successes now (at worker shutdown, or before reading exact counts),
+        and the calls the rate limit turned away here since the last lease."""
+        self._flush_refused()
         deferred = self._take_deferred()
         if deferred:
             try:
@@ -282,6 +424,18 @@ class Breaker:
             except redis.RedisError as exc:
                 self._return_deferred(deferred)
                 self._unreachable(exc)
+
+    def _flush_refused(self) -> None:
+        lease = self.rate
+        refused = 0 if lease is None else lease.reported()
+        if lease is None or not refused:
+            return
+        try:
+            # A lease of no calls (no span, no burst) takes nothing from the rate: it counts.
+            self._store().lease_rate(self.name, self.limits, 0, 0, refused)
+        except redis.RedisError as exc:
+            lease.unreported(refused)
+            self._unreachable(exc)
 
     # -- looking and steering -----------------------------------------------------------
     @property
@@ -308,14 +462,42 @@ class Breaker:
         """Back to a fresh closed breaker; the ``*_total`` counters are kept."""
         self._force("reset")
 
-    def _force(self, action: Action) -> Change:
+    def release_lost(self, permit_id: str) -> None:
+        """Free what permit ``permit_id`` held in Redis (a probe's lease, a bulkhead slot) when
+        the process that held it died before it could say how its call ended: nothing is
+        judged, whatever the permit's kind."""
         generation = self._knowledge.start()
         with unavailable("breaker store"):
-            change = self._store().force(self.name, self.limits, action)
+            change = self._store().release(self.name, self.limits, "probe", permit_id)
+        self._changed(change, generation)
+
+    def open_for_window(self, window: str, until: float | None) -> None:
+        """``force_open`` for maintenance window ``window`` (``maintenance.py``), which holds
+        the breaker until ``until`` (epoch seconds; ``None``: until a person's order)."""
+        self._force("open", window, 0 if until is None else max(1, round(until * 1_000_000)))
+
+    def end_window(self, window: str, recorded_at: float = 0.0) -> bool:
+        """Reset the breaker if maintenance window ``window`` still holds it and has ended
+        (one atomic step); whether it did. ``window`` ``""``: a record of the previous release
+        without an id, written at ``recorded_at`` (epoch seconds)."""
+        generation = self._knowledge.start()
+        recorded_us = round(recorded_at * 1_000_000)
+        with unavailable("breaker store"):
+            change = self._store().end_window(self.name, self.limits, window, None, recorded_us)
+        return self._changed(change, generation)
+
+    def _force(self, action: Action, window: str = "", until_us: int = 0) -> None:
+        generation = self._knowledge.start()
+        with unavailable("breaker store"):
+            change = self._store().force(self.name, self.limits, action, None, window, until_us)
+        self._changed(change, generation)
+
+    def _changed(self, change: Change, generation: int) -> bool:
+        """Learn an order's reply, and announce its transition; whether it made one."""
         self._learn(change, generation)
         if change.transition:
             self._announce(change.transition, change.state)
-        return change
+        return change.transition is not None
 
     def _announce(self, transition: Transition, state: State) -> None:
         """Only the caller whose script made the transition gets here: log and notify once."""

@@ -26,6 +26,7 @@ the view changed.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Literal, TypeVar
 
 from . import bulkhead
@@ -67,13 +68,27 @@ def window_counts(s: BreakerState, lim: Limits, now: int) -> tuple[int, int]:
     return calls, failures
 
 
-def _add_to_window(s: BreakerState, lim: Limits, now: int, calls: int, failures: int) -> None:
+def window_retries(s: BreakerState, lim: Limits, now: int) -> int:
+    """Retries the budget granted in the buckets that still lie inside the window at ``now``."""
+    current = now // lim.bucket_us
+    return sum(
+        s.bucket_retries[slot]
+        for slot in range(BUCKETS)
+        if s.bucket_epoch[slot] > current - BUCKETS
+    )
+
+
+def _add_to_window(
+    s: BreakerState, lim: Limits, now: int, calls: int, failures: int, retries: int = 0
+) -> None:
     epoch = now // lim.bucket_us
     slot = epoch % BUCKETS
     if s.bucket_epoch[slot] != epoch:
         s.bucket_epoch[slot], s.bucket_calls[slot], s.bucket_failures[slot] = epoch, 0, 0
+        s.bucket_retries[slot] = 0
     s.bucket_calls[slot] += calls
     s.bucket_failures[slot] += failures
+    s.bucket_retries[slot] += retries
 
 
 def _clear_counts(s: BreakerState) -> None:
@@ -83,12 +98,14 @@ def _clear_counts(s: BreakerState) -> None:
     s.bucket_epoch[:] = [-1] * BUCKETS
     s.bucket_calls[:] = [0] * BUCKETS
     s.bucket_failures[:] = [0] * BUCKETS
+    s.bucket_retries[:] = [0] * BUCKETS
 
 
-def _trip(s: BreakerState, lim: Limits, now: int) -> Transition:
+def _trip(s: BreakerState, lim: Limits, now: int, least_open_us: int = 0) -> Transition:
     s.trips += 1
     growth = 2 ** min(s.trips - 1, MAX_GROWTH_EXPONENT)
-    timeout = min(lim.open_timeout_max_us, lim.open_timeout_us * growth)
+    # A failure that said when to come back (Retry-After) keeps the breaker open that long.
+    timeout = max(least_open_us, min(lim.open_timeout_max_us, lim.open_timeout_us * growth))
     _clear_counts(s)
     s.state, s.opened_at_us, s.open_until_us = "open", now, now + timeout
     s.totals["opened_total"] += 1
@@ -162,17 +179,20 @@ def _record(
     permit_id: str,
     success: bool,
     deferred_successes: int = 0,
+    least_open_us: int = 0,
 ) -> Change:
     apply_deferred(s, lim, now, deferred_successes)
     _count(s, 1, 0 if success else 1)
     bulkhead.free_slot(s, permit_id)
+    if kind == "lost":
+        kind = "probe" if permit_id in s.probes else "normal"
     if kind == "probe":
         if s.state != "half_open" or permit_id not in s.probes:
             return Change(s.state, None)
         del s.probes[permit_id]
         transition: Transition | None = None
         if not success:
-            transition = _trip(s, lim, now)
+            transition = _trip(s, lim, now, least_open_us)
         else:
             s.half_open_successes += 1
             if s.half_open_successes >= lim.half_open_max_calls:
@@ -187,7 +207,7 @@ def _record(
         return Change(s.state, None)
     s.consecutive_failures += 1
     if s.state == "closed" and _should_trip(s, lim, now):
-        tripped = _trip(s, lim, now)
+        tripped = _trip(s, lim, now, least_open_us)
         return Change(s.state, tripped)
     return Change(s.state, None)
 
@@ -218,10 +238,58 @@ def record(
     permit_id: str,
     success: bool,
     deferred_successes: int = 0,
+    least_open_us: int = 0,
 ) -> Change:
-    """Record the outcome of a permitted call, after this process's deferred successes."""
+    """Record the outcome of a permitted call, after this process's deferred successes; a
+    failure that trips the breaker keeps it open at least ``least_open_us``."""
     before = view(s)
-    return _observed(s, before, _record(s, lim, now, kind, permit_id, success, deferred_successes))
+    change = _record(s, lim, now, kind, permit_id, success, deferred_successes, least_open_us)
+    return _observed(s, before, change)
+
+
+def retry_budget(lim: Limits, ratio: float, floor: float, calls: int, retries: int) -> int:
+    """How many retries the budget still grants: ``ratio`` of the window's first attempts (its
+    calls less the retries granted) plus ``floor`` retries a second over the window, less the
+    retries already granted. Calls reach the window up to a flush late, so first attempts are
+    never overcounted: the promise ``retries <= ratio * first attempts + floor * window``
+    holds."""
+    window_s = lim.window_us / US
+    allowed = ratio * max(0, calls - retries) + floor * window_s
+    return max(0, math.floor(allowed - retries))
+
+
+def spend_retries(
+    s: BreakerState, lim: Limits, now: int, ratio: float, floor: float, wanted: int
+) -> int:
+    """Take up to ``wanted`` retries from the breaker's retry budget; how many it granted.
+
+    Only a closed breaker (or one forced closed) spends: elsewhere a retry is not admitted to
+    the dependency anyway (the admission turns it away or makes it a probe), so all are
+    granted and none counted. Retries refused add to ``retry_budget_refused_total``."""
+    if s.state not in ("closed", "forced_closed") or wanted <= 0:
+        return max(0, wanted)
+    calls, _ = window_counts(s, lim, now)
+    granted = min(wanted, retry_budget(lim, ratio, floor, calls, window_retries(s, lim, now)))
+    if granted:
+        _add_to_window(s, lim, now, 0, 0, granted)
+    s.totals["retry_budget_refused_total"] += wanted - granted
+    return granted
+
+
+def lease_rate(s: BreakerState, now: int, span_us: int, burst_us: int, refused: int = 0) -> int:
+    """Lease one batch of calls from the breaker's fleet-wide ``rate_limit`` (a GCRA): 0 when
+    granted, else the microseconds until it would be (> 0).
+
+    ``span_us`` is the time the fleet's rate takes to earn the batch; ``burst_us`` how far ahead
+    of ``now`` the rate may be spent (the bucket's size, as time). The theoretical arrival time
+    only moves on a grant, so a refusal costs the fleet nothing. ``refused``: calls a process
+    turned away alone since its last lease, added to ``rate_limited_total``."""
+    tat = max(s.rate_tat_us, now)
+    wait = tat + span_us - burst_us - now
+    if wait <= 0:
+        s.rate_tat_us = tat + span_us
+    s.totals["rate_limited_total"] += refused
+    return max(0, wait)
 
 
 def release(
@@ -238,10 +306,36 @@ def release(
     return _observed(s, before, _release(s, lim, now, kind, permit_id, deferred_successes))
 
 
-def force(s: BreakerState, action: Action) -> Change:
-    """An operator's order: hold open, hold closed, or reset to a fresh closed breaker."""
+def force(
+    s: BreakerState, action: Action, window: str = "", until_us: int = 0, now: int = 0
+) -> Change:
+    """An operator's order: hold open, hold closed, or reset to a fresh closed breaker.
+
+    ``window``: the maintenance window that holds it open (``open`` only), ending at
+    ``until_us`` (0: not by itself), set at ``now``. Every order drops the window held
+    before."""
     before = view(s)
-    return _observed(s, before, _force(s, action))
+    change = _force(s, action)
+    if action == "open" and window:
+        s.window, s.window_until_us, s.window_at_us = window, until_us, now
+    else:
+        s.window, s.window_until_us, s.window_at_us = "", 0, 0
+    return _observed(s, before, change)
+
+
+def end_window(s: BreakerState, now: int, window: str, recorded_us: int = 0) -> Change:
+    """Maintenance window ``window`` is over: reset the breaker, only if that very window
+    still holds it forced open and has ended by ``now`` (an order given since dropped it).
+    ``window`` ``""`` names a window recorded without an id, at ``recorded_us``, by the previous
+    release, whose orders know no hold and leave one behind: the breaker is reset if it is
+    forced open and no window set after that record holds it."""
+    if window:
+        ours = s.window == window and 0 < s.window_until_us <= now
+    else:
+        ours = not s.window or s.window_at_us < recorded_us
+    if s.state != "forced_open" or not ours:
+        return _observed(s, view(s), Change(s.state, None))
+    return force(s, "reset")
 
 
 def skip(s: BreakerState, lim: Limits, now: int, deferred_successes: int = 0) -> Decision:
@@ -295,5 +389,7 @@ def snapshot(s: BreakerState, lim: Limits, now: int) -> dict[str, object]:
         "half_open_successes": s.half_open_successes,
         "probes_in_flight": live if s.state == "half_open" else 0,
         "calls_in_flight": bulkhead.in_flight(s, now),
+        "window_retries": window_retries(s, lim, now),
         **s.totals,
+        "window": s.window,
     }

@@ -10,11 +10,12 @@ from __future__ import annotations
 import time
 from typing import Literal, NamedTuple, Protocol
 
+from ..backoff import retry_after
 from ..config import BreakerConfig
-from ..errors import BreakerOpen
+from ..errors import BreakerOpen, RateLimited
 from .types import Kind, Skip
 
-#: How a permitted call ended: judged either way, or given back unjudged.
+#: How a permitted call ended: judged either way, or released unjudged.
 Outcome = Literal["success", "failure", "release"]
 
 
@@ -26,7 +27,9 @@ class Recorder(Protocol):
     slow: float | None
     bulkhead: bool
 
-    def _record(self, permit: Permit, outcome: Outcome) -> None: ...
+    def _record(
+        self, permit: Permit, outcome: Outcome, least_open: float | None = None
+    ) -> None: ...
 
 
 class Permit:
@@ -55,16 +58,24 @@ class Permit:
             else:
                 self.breaker._record(self, "success")
 
-    def failure(self) -> None:
-        """The call failed: recorded at once (it may trip the breaker)."""
+    def failure(self, retry_after: float | None = None) -> None:
+        """The call failed: recorded at once (it may trip the breaker). ``retry_after``: the
+        seconds the dependency asked for before the next call (a Retry-After): a trip by this
+        failure keeps the breaker open at least that long."""
         if self._finish():
-            self.breaker._record(self, "failure")
+            self.breaker._record(self, "failure", retry_after)
 
     def release(self) -> None:
         """The call ended without judging the dependency (the caller's own error): nothing is
         counted, and a probe's half-open slot (and a bulkhead slot) is freed at once."""
-        if self._finish() and (self.kind == "probe" or self.breaker.bulkhead):
+        if self._finish() and self.leased:
             self.breaker._record(self, "release")
+
+    @property
+    def leased(self) -> bool:
+        """Whether Redis keeps a lease of this permit that releasing it frees: a probe's, a
+        bulkhead slot's."""
+        return self.kind == "probe" or self.breaker.bulkhead
 
     def _finish(self) -> bool:
         done, self._done = self._done, True
@@ -80,7 +91,8 @@ class Permit:
             # KeyboardInterrupt, SystemExit: the process is going, the dependency not judged.
             self._done = True
         elif not issubclass(exc_type, self.breaker.config.ignore):
-            self.failure()
+            said = retry_after(exc, time.time()) if isinstance(exc, BaseException) else None
+            self.failure(said)
         else:
             self.release()  # ignored: counted neither way; a probe frees its slot
 
@@ -91,7 +103,7 @@ class Admission(NamedTuple):
     A named tuple: one is made for every task delivery."""
 
     permit: Permit | None
-    rejected: BreakerOpen | None
+    rejected: BreakerOpen | RateLimited | None
     deliveries: int = 0
     skip: Skip = ""
     #: The token this delivery claimed its task id under (``deduplicate``), ``""`` if none.

@@ -5,13 +5,19 @@ Key layout (every key of one breaker shares a hash tag, so Redis Cluster accepts
 =============================================  ====  =========================================
 key                                            type  holds
 =============================================  ====  =========================================
-``{<prefix>:breaker:<name>}:state``            hash  state, counters, window buckets, totals
+``{<prefix>:breaker:<name>}:state``            hash  state, counters, window buckets, totals,
+                                                     the maintenance window holding it open,
+                                                     the rate limit's GCRA (``rate_tat``)
 ``{<prefix>:breaker:<name>}:probes``           zset  half-open probe permit id -> lease end
 ``{<prefix>:breaker:<name>}:calls``            zset  bulkhead slot: permit id -> lease end
 ``<prefix>:breakers``                          set   names of breakers ever used (listings)
 ``{<tag>}:delivery:<id>:<retries>:<replays>``  str   redeliveries of one message (only then)
 ``{<tag>}:done:<task id>``                     str   ``1``: the task id succeeded; or a claim,
                                                      ``<token>|<lease end µs>`` (``deduplicate``)
+``{<tag>}:dedup:<task name>:<key>``            str   ``1:<task id>``: the key succeeded as that
+                                                     task id; or a claim, as above (a dedup key,
+                                                     ``deduplicate="order:{order_id}"``); the
+                                                     task id's ``done:`` is read beside it
 =============================================  ====  =========================================
 
 Channel ``<prefix>:breaker-changes:<db>``: every change of a breaker's view (its state, and
@@ -32,7 +38,14 @@ from typing import Any, cast
 import redis
 
 from ..redis_io import database, load_script
-from .store import ChangeListener, Delivery, FamilyReport, Watch
+from .store import (
+    ChangeListener,
+    DeliveryQuestions,
+    FamilyReport,
+    Watch,
+    marker_of,
+    succeeded_as,
+)
 from .types import Action, Change, Decision, Family, Kind, Limits, Skip, State, Transition
 from .watch import RedisWatch
 
@@ -59,7 +72,10 @@ class RedisBreakerStore:
         self._record = load_script(client, __package__, "record")
         self._release_permit = load_script(client, __package__, "release_permit")
         self._force = load_script(client, __package__, "force")
+        self._end_window = load_script(client, __package__, "end_window")
         self._snapshot = load_script(client, __package__, "snapshot")
+        self._retry = load_script(client, __package__, "retry")
+        self._rate = load_script(client, __package__, "rate")
         self._deliver = load_script(client, __package__, "deliver", prelude=False)
         self._unclaim = load_script(client, __package__, "unclaim", prelude=False)
         self._family = load_script(client, __package__, "family", prelude=False)
@@ -90,12 +106,18 @@ class RedisBreakerStore:
         tag = self._tag(base)
         return [f"{tag}:family", f"{tag}:members", f"{tag}:troubled"]
 
-    def _delivery_keys(self, scope: str | None, delivery: Delivery) -> tuple[str, str]:
+    def _delivery_keys(self, scope: str | None, delivery: DeliveryQuestions) -> list[str]:
+        """The redelivery counter and the dedup marker; with a dedup key, the task id's own
+        marker too (a task id that succeeded under ``deduplicate=True`` before the task had a
+        key is done all the same)."""
         tag = self._tag(scope)
-        return (
+        keys = [
             f"{tag}:delivery:{delivery.task_id}:{delivery.retries}:{delivery.replays}",
-            f"{tag}:done:{delivery.task_id}",
-        )
+            f"{tag}:{delivery.marker}",
+        ]
+        if delivery.key:
+            keys.append(f"{tag}:{marker_of(delivery.task_id)}")
+        return keys
 
     def _remember(self, name: str) -> None:
         # One SADD per breaker and process, so that listings find breakers never forced; a
@@ -127,16 +149,16 @@ class RedisBreakerStore:
         permit_id: str,
         deferred_successes: int = 0,
         now_us: int | None = None,
-        delivery: Delivery | None = None,
+        delivery: DeliveryQuestions | None = None,
     ) -> Decision:
         self._remember(name)
         keys = self.keys(name)
         ttl = max_deliveries = lease_us = 0
         claim = ""
         if delivery is not None:
-            counter, marker = self._delivery_keys(name, delivery)
+            counter, *markers = self._delivery_keys(name, delivery)
             # KEYS[7] must be there for KEYS[8]; a TTL of 0 says it is not to be counted.
-            keys += [counter, marker] if delivery.check_done else [counter] * delivery.count
+            keys += [counter, *markers] if delivery.check_done else [counter] * delivery.count
             ttl = delivery.ttl if delivery.count else 0
             max_deliveries = delivery.max_deliveries
             claim, lease_us = (delivery.claim, delivery.lease_us) if delivery.claims else ("", 0)
@@ -162,18 +184,30 @@ class RedisBreakerStore:
             family_changed=bool(reply[12]) if len(reply) > 12 else False,
         )
 
-    def deliver(self, scope: str | None, delivery: Delivery) -> tuple[int, Skip, int]:
+    def deliver(self, scope: str | None, delivery: DeliveryQuestions) -> tuple[int, Skip, int]:
         keys = self._delivery_keys(scope, delivery)
         claim, lease_us = (delivery.claim, delivery.lease_us) if delivery.claims else ("", 0)
         argv = [delivery.ttl if delivery.count else 0, int(delivery.check_done), claim, lease_us]
         deliveries, skip, wait_us = self._deliver(keys, [*argv, delivery.max_deliveries])
         return int(deliveries), cast(Skip, skip.decode()), int(wait_us)
 
-    def mark_done(self, scope: str | None, task_id: str, ttl: int) -> None:
-        self.client.set(f"{self._tag(scope)}:done:{task_id}", 1, ex=ttl)
+    def mark_done(self, scope: str | None, task_id: str, ttl: int, key: str = "") -> None:
+        done = f"1:{task_id}" if key else "1"  # a key's marker names the id it succeeded as
+        self.client.set(f"{self._tag(scope)}:{marker_of(task_id, key)}", done, ex=ttl)
 
-    def unclaim(self, scope: str | None, task_id: str, claim: str) -> bool:
-        return bool(self._unclaim([f"{self._tag(scope)}:done:{task_id}"], [claim]))
+    def unclaim(self, scope: str | None, task_id: str, claim: str, key: str = "") -> bool:
+        return bool(self._unclaim([f"{self._tag(scope)}:{marker_of(task_id, key)}"], [claim]))
+
+    def claim_end(self, scope: str | None, task_id: str, key: str = "") -> int:
+        marker = _text(self.client.get(f"{self._tag(scope)}:{marker_of(task_id, key)}") or b"")
+        if succeeded_as(marker) is not None:
+            return 0
+        _, bar, end = marker.partition("|")  # "<token>|<lease end µs>"
+        return int(end) if bar and end.isdigit() else 0
+
+    def done_by(self, scope: str | None, key: str) -> str | None:
+        marker = self.client.get(f"{self._tag(scope)}:{marker_of('', key)}")
+        return succeeded_as(_text(marker)) if marker else None
 
     def record(
         self,
@@ -184,10 +218,37 @@ class RedisBreakerStore:
         success: bool,
         deferred_successes: int = 0,
         now_us: int | None = None,
+        least_open_us: int = 0,
     ) -> Change:
         outcome = "1" if success else "0"
         argv = [*self._argv(name, limits, now_us), kind, permit_id, outcome, deferred_successes]
+        if least_open_us > 0:  # only then: a script of an older release reads no ARGV[19]
+            argv.append(least_open_us)
         return _change(self._record(self.keys(name), argv), self._derived(name))
+
+    def spend_retries(
+        self,
+        name: str,
+        limits: Limits,
+        ratio: float,
+        floor: float,
+        wanted: int = 1,
+        now_us: int | None = None,
+    ) -> int:
+        argv = [*self._argv(name, limits, now_us), ratio, floor, wanted]
+        return int(self._retry(self.keys(name), argv)[0])
+
+    def lease_rate(
+        self,
+        name: str,
+        limits: Limits,
+        span_us: int,
+        burst_us: int,
+        refused: int = 0,
+        now_us: int | None = None,
+    ) -> int:
+        argv = [*self._argv(name, limits, now_us), span_us, burst_us, refused]
+        return int(self._rate(self.keys(name), argv)[0])
 
     def release(
         self,
@@ -201,10 +262,29 @@ class RedisBreakerStore:
         argv = [*self._argv(name, limits, now_us), kind, permit_id, deferred_successes]
         return _change(self._release_permit(self.keys(name), argv), self._derived(name))
 
-    def force(self, name: str, limits: Limits, action: Action, now_us: int | None = None) -> Change:
+    def force(
+        self,
+        name: str,
+        limits: Limits,
+        action: Action,
+        now_us: int | None = None,
+        window: str = "",
+        until_us: int = 0,
+    ) -> Change:
         self._remember(name)
-        argv = [*self._argv(name, limits, now_us), action]
+        argv = [*self._argv(name, limits, now_us), action, window, until_us]
         return _change(self._force(self.keys(name), argv), self._derived(name))
+
+    def end_window(
+        self,
+        name: str,
+        limits: Limits,
+        window: str,
+        now_us: int | None = None,
+        recorded_us: int = 0,
+    ) -> Change:
+        argv = [*self._argv(name, limits, now_us), window, recorded_us]
+        return _change(self._end_window(self.keys(name), argv), self._derived(name))
 
     def snapshot(self, name: str, limits: Limits, now_us: int | None = None) -> dict[str, object]:
         flat = self._snapshot(self.keys(name), self._argv(name, limits, now_us))

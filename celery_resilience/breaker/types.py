@@ -14,7 +14,9 @@ from typing import Literal
 from ..config import BreakerConfig
 
 State = Literal["closed", "open", "half_open", "forced_open", "forced_closed"]
-Kind = Literal["normal", "probe"]
+#: A permit's kind; ``"lost"`` records the call of a permit whose holder died with it: a probe's
+#: if its id holds a probe lease, a normal call's otherwise.
+Kind = Literal["normal", "probe", "lost"]
 Transition = Literal["opened", "half_opened", "closed", "forced_open", "forced_closed", "reset"]
 Action = Literal["open", "closed", "reset"]
 #: Why an admission took no permit without asking the breaker: the task id already succeeded
@@ -38,6 +40,8 @@ TOTALS = (
     "successes_total",
     "rejected_total",
     "bulkhead_rejected_total",
+    "retry_budget_refused_total",
+    "rate_limited_total",
 )
 
 
@@ -113,9 +117,21 @@ class BreakerState:
     bucket_epoch: list[int] = field(default_factory=lambda: [-1] * BUCKETS)
     bucket_calls: list[int] = field(default_factory=lambda: [0] * BUCKETS)
     bucket_failures: list[int] = field(default_factory=lambda: [0] * BUCKETS)
+    #: Retries the retry budget granted (``model.spend_retries``), in the same buckets.
+    bucket_retries: list[int] = field(default_factory=lambda: [0] * BUCKETS)
+    #: The rate limit's theoretical arrival time (``model.lease_rate``, a GCRA): the fleet's
+    #: rate is spent up to this moment (microseconds).
+    rate_tat_us: int = 0
     totals: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TOTALS, 0))
     #: Bumped whenever what a process may cache changes (see :func:`view`).
     version: int = 0
+    #: The maintenance window holding the breaker forced open (its id, ``""``: none), when it
+    #: ends (0: not by itself) and when it was set. Set by the ``open`` order that starts it,
+    #: dropped by every other order and by the window's end, in the same step
+    #: (``maintenance.py``).
+    window: str = ""
+    window_until_us: int = 0
+    window_at_us: int = 0
 
 
 @dataclass(frozen=True)
@@ -123,7 +139,7 @@ class Decision:
     """The answer to ``acquire``: admitted or not, and the transition this call made.
 
     ``deliveries`` and ``skip`` answer the task-level questions a store may ask in the same
-    round trip (see ``store.Delivery``); the pure model leaves them at their defaults.
+    round trip (see ``store.DeliveryQuestions``); the pure model leaves them at their defaults.
     """
 
     allowed: bool

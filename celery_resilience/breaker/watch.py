@@ -132,7 +132,7 @@ class RedisWatch:
 
     def _session(self) -> None:
         """One subscription, from connecting to its loss; says ``lost`` however it ends."""
-        pubsub = self.client.pubsub()  # type: ignore[no-untyped-call]
+        pubsub = cast(Any, self.client).pubsub()  # redis-py annotates it in some releases only
         try:
             self._listen(pubsub)
         finally:

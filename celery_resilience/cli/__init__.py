@@ -5,7 +5,7 @@ with ``-A`` handled by Celery. Human tables by default, ``--json`` for scripts; 
 error, with a clear message for unknown breakers and entry ids.
 """
 
-from . import breakers, entries, health, keys, replays  # noqa: F401  (importing them registers their commands)
+from . import breakers, entries, fleet, health, keys, replays  # noqa: F401  (importing them registers their commands)
 from .group import resilience
 
 __all__ = ["resilience"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import getpass
 import socket
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import click
 from celery.bin.base import CeleryCommand
@@ -13,8 +13,9 @@ from celery.bin.base import CeleryCommand
 from ..backout.store import NO_BREAKER, Filter
 from ..backout.trust import UNTRUSTED
 from ..breaker_listing import listing
-from ..maintenance import forget
+from ..maintenance import LeverAction, pull
 from ..redact import get_logger
+from ..versions import version_notes
 from .group import resilience
 from .output import (
     emit,
@@ -65,6 +66,9 @@ def _status(ctx: click.Context, as_json: bool) -> None:
         breaker = res.breaker(name)
         snap = breaker.snapshot()
         snap["max_concurrent_calls"] = breaker.config.max_concurrent_calls
+        snap["retry_budget"] = breaker.config.retry_budget
+        snap["min_retries_per_second"] = breaker.config.min_retries_per_second
+        snap["rate_limit"] = breaker.config.rate_limit
         snap["parked"] = store.count(Filter(name, "parked"))
         snap["dead"] = store.count(Filter(name, "dead"))
         rows.append((name, snap))
@@ -73,6 +77,8 @@ def _status(ctx: click.Context, as_json: bool) -> None:
         "dead": store.count(Filter(NO_BREAKER, "dead")),
     }
     untrusted = _untrusted(store.stats())
+    held = store.held_entries()
+    notes = version_notes()
     families = {
         base: {
             "members": f.members,
@@ -88,6 +94,9 @@ def _status(ctx: click.Context, as_json: bool) -> None:
         "derived": families,
         "no_breaker": unbroken,
         "untrusted_total": untrusted,
+        "held": {code: {"entries": n, "oldest_parked_at": at} for code, (n, at) in held.items()},
+        # What `check` warns about, and the news it keeps for --verbose: this process's own.
+        "versions": [{"level": n.level, "message": n.message} for n in notes],
     }
 
     def human() -> str:
@@ -118,6 +127,11 @@ def _status(ctx: click.Context, as_json: bool) -> None:
                 for name, s in rows
             ],
         )
+        for name, s in rows:
+            if s["retry_budget"] is not None:
+                text += "\n" + budget_line(name, s)
+            if s["rate_limit"] is not None:
+                text += "\n" + rate_line(name, s)
         for base, f in shown.families.items():
             text += (
                 f"\n{base}:*: {f.members} derived breakers with state, {f.troubled} troubled,"
@@ -127,6 +141,14 @@ def _status(ctx: click.Context, as_json: bool) -> None:
         if untrusted:
             counts = ", ".join(f"{n} {code}" for code, n in sorted(untrusted.items()))
             text += f"\nquarantined by drains, never published (ever): {counts}"
+        if held:
+            counts = ", ".join(
+                f"{n} {code} (oldest parked {when(at)} UTC)"
+                for code, (n, at) in sorted(held.items())
+            )
+            text += f"\nheld for a process that can read them: {counts}"
+        for note in notes:
+            text += f"\nversions ({note.level}): {note.message}"
         return text
 
     emit(as_json, data, human)
@@ -147,6 +169,23 @@ def in_flight(snap: dict[str, Any]) -> str:
     """Calls in flight out of the bulkhead's limit (``2/4``), or ``-`` without a bulkhead."""
     limit = snap["max_concurrent_calls"]
     return "-" if limit is None else f"{snap['calls_in_flight']}/{limit}"
+
+
+def budget_line(name: str, snap: dict[str, Any]) -> str:
+    """A breaker's retry budget, its retries in the window and the retries it refused."""
+    return (
+        f"{name}: retry budget {snap['retry_budget']:.0%} + {snap['min_retries_per_second']:g}/s,"
+        f" {snap['window_retries']} retries in the window,"
+        f" {snap['retry_budget_refused_total']} refused (parked)"
+    )
+
+
+def rate_line(name: str, snap: dict[str, Any]) -> str:
+    """A breaker's fleet-wide rate limit and the calls it turned away."""
+    return (
+        f"{name}: rate limit {snap['rate_limit']} fleet-wide,"
+        f" {snap['rate_limited_total']} calls turned away (tasks wait in the broker)"
+    )
 
 
 #: What each lever does, as a log line says it.
@@ -170,12 +209,9 @@ def _steer(action: str, help_text: str) -> Callable[..., None]:
         res = resilience_of(ctx)
         known_breaker(res, name)
         breaker = res.breaker(name)
-        {"open": breaker.force_open, "close": breaker.force_closed, "reset": breaker.reset}[
-            action
-        ]()
-        # A person's lever ends a maintenance window set from the admin: the beat drain task
-        # must not reset, at that window's end, a breaker someone has steered since.
-        forget(res.runtime, name)
+        # A person's lever ends a maintenance window set from the admin, in the same step: the
+        # beat drain task must not reset, at that window's end, a breaker steered since.
+        pull(res.runtime, name, cast(LeverAction, action))
         who = f"{_user()}@{socket.gethostname()}"
         logger.warning(
             "Breaker %r %s from the command line by %s: %s",

@@ -11,6 +11,7 @@ from celery.bin.base import CeleryCommand
 from ..backout.entry import Reason, Status
 from ..backout.lookup import CANDIDATES, Found, find
 from ..backout.store import Filter
+from ..known_tasks import masking_of
 from .group import resilience
 from .output import (
     ENCRYPTED,
@@ -61,13 +62,13 @@ def list_(
     res = resilience_of(ctx)
     breaker_filter(res, breaker)
     entries = res.backout.list(breaker, status, limit, reason=reason, offset=(page - 1) * limit)
-    sensitive = res.runtime.config.sensitive_keys
+    masking = masking_of(res.runtime)
 
     def human() -> str:
         total = res.runtime.backout_store.count(where_of(breaker, status, reason))
-        return rows(entries, sensitive) + "\n" + page_line(len(entries), total, page, limit)
+        return rows(entries, masking) + "\n" + page_line(len(entries), total, page, limit)
 
-    emit(as_json, [entry_dict(e, sensitive) for e in entries], human)
+    emit(as_json, [entry_dict(e, masking) for e in entries], human)
 
 
 def page_line(shown: int, total: int, page: int, limit: int) -> str:
@@ -88,8 +89,9 @@ def show(ctx: click.Context, key: str, as_json: bool) -> None:
     """One parked task, whole: args, kwargs, options, exception and traceback.
 
     ID is the entry id, a unique prefix of it (what list shows), or the Celery task id (what
-    Flower and the logs give). Times are UTC; arguments named in resilience_sensitive_keys
-    are masked, here and in --json.
+    Flower and the logs give). Times are UTC; the values of arguments named in
+    resilience_sensitive_keys (by keyword or by position) are masked, in the error and the
+    traceback too, here and in --json; control characters of stored text are escaped.
 
     \b
     Examples:
@@ -103,11 +105,11 @@ def show(ctx: click.Context, key: str, as_json: bool) -> None:
     if entry is None:
         fail(not_one(found))
         return
-    data = entry_dict(entry, res.runtime.config.sensitive_keys)
+    data = entry_dict(entry, masking_of(res.runtime))
 
     def human() -> str:
         lines = [f"{k:>12}: {shown(k, v)}" for k, v in data.items() if k != "traceback"]
-        trace = ENCRYPTED if entry.encrypted else entry.traceback or "    (none)"
+        trace = ENCRYPTED if entry.encrypted else data["traceback"] or "    (none)"
         return "\n".join([*lines, "   traceback:", trace])
 
     emit(as_json, data, human)

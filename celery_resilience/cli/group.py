@@ -27,6 +27,6 @@ class ResilienceGroup(click.Group):
 
 @click.group(name="resilience", cls=ResilienceGroup)
 @click.pass_context
-@handle_preload_options  # type: ignore[untyped-decorator]
+@handle_preload_options
 def resilience(ctx: click.Context) -> None:
     """Shared circuit breakers and parked tasks (celery-resilience)."""

@@ -1,4 +1,5 @@
-"""Commands that watch the app's health: ``metrics`` (serve /metrics) and ``check``."""
+"""Commands that watch the app's health: ``metrics`` (serve /metrics and /healthz) and
+``check``."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ def metrics(ctx: click.Context, port: int, addr: str) -> None:
     """Serve Prometheus metrics (breakers, parked tasks, drains) read from Redis.
 
     Every scrape reads Redis afresh; while Redis is away the scrape still answers, with
-    celery_resilience_up 0.
+    celery_resilience_up 0. /healthz answers 200 while Redis answers a PING, 503 while it
+    does not, whatever the breakers' states: a probe for Kubernetes.
 
     \b
     Examples:
@@ -39,7 +41,10 @@ def metrics(ctx: click.Context, port: int, addr: str) -> None:
         serve(res, port, addr)
     except OSError as exc:  # the port is taken, the address is not this host's...
         fail(f"cannot serve metrics on {addr}:{port}: {exc.strerror or exc}")
-    click.echo(f"serving celery-resilience metrics on http://{addr}:{port}/metrics")
+    click.echo(
+        f"serving celery-resilience metrics on http://{addr}:{port}/metrics"
+        f" (health: http://{addr}:{port}/healthz)"
+    )
     try:
         while True:
             time.sleep(3600)
@@ -49,8 +54,14 @@ def metrics(ctx: click.Context, port: int, addr: str) -> None:
 
 @resilience.command(cls=CeleryCommand)
 @json_option
+@click.option(
+    "--verbose",
+    "-v",
+    is_flag=True,
+    help="Also show news that asks for nothing (a newer release than the tested versions).",
+)
 @click.pass_context
-def check(ctx: click.Context, as_json: bool) -> None:
+def check(ctx: click.Context, as_json: bool, verbose: bool) -> None:
     """Look for settings and Redis setups that can lose work; exit 1 on an error.
 
     Every problem is reported at once: each bad setting (a worker would stop at the first),
@@ -59,9 +70,10 @@ def check(ctx: click.Context, as_json: bool) -> None:
     \b
     Examples:
       celery -A proj resilience check
+      celery -A proj resilience check --verbose
       celery -A proj resilience check --json | jq '.[] | select(.level == "error")'
     """
-    findings = all_findings(app_of(ctx))
+    findings = [f for f in all_findings(app_of(ctx)) if verbose or f.level != "info"]
     emit(
         as_json,
         [{"level": f.level, "message": f.message} for f in findings],

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import time
-from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from typing import Any, TypeVar
@@ -17,15 +18,20 @@ from kombu.exceptions import OperationalError
 
 from ..backout.codec import SEALED
 from ..backout.entry import REASONS, STATUSES, ParkedTask
+from ..backout.masking import SHOW_ALL, Masking
 from ..backout.store import NO_BREAKER, dead_code
-from ..backout.summary import masked
 from ..breaker_listing import is_known, listing
 from ..errors import ConfigurationError, ResilienceError
-from ..redact import redact
+from ..redact import MASK, is_secret_name, masked_value, redact
 from ..resilience import Resilience
 from ..runtime import Runtime
 
 F = TypeVar("F", bound=Callable[..., Any])
+#: What a terminal acts on instead of printing, in stored text (an error's message, a task's
+#: arguments): C0 controls but tab and newline (ESC starts CSI and OSC sequences: colours, a
+#: clipboard write, a window title), DEL, C1 controls (CSI and OSC in one byte), and the
+#: bidirectional marks, embeddings, overrides and isolates that reorder what follows them.
+_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 #: Shown in place of a field sealed by an encryption key this process does not have.
 ENCRYPTED = "encrypted"
 
@@ -70,12 +76,12 @@ def outage(exc: BaseException, app: Any) -> str:
     where = ""
     try:
         if isinstance(exc, OperationalError):
-            where = f" (broker at {app.conf.broker_url})"
+            where = f" (broker at {masked_value(app.conf.broker_url)})"
         elif _from_redis(exc) and not (config := Runtime.for_app(app).config).in_memory:
-            where = f" (Redis at {config.redis_url})"
+            where = f" (Redis at {masked_value(config.redis_url)})"
     except Exception:  # no app, bad settings: the error alone is said
         where = ""
-    return redact(f"Error: {type(exc).__name__}: {exc}{where}")
+    return printable(redact(f"Error: {type(exc).__name__}: {exc}{where}"))
 
 
 def _from_redis(exc: BaseException | None) -> bool:
@@ -88,8 +94,19 @@ def _from_redis(exc: BaseException | None) -> bool:
     return False
 
 
+def printable(text: str) -> str:
+    """``text`` with each character a terminal would act on written as its escape
+    (``\\x1b``, ``\\u202e``): stored text is shown, never run."""
+    return _CONTROLS.sub(lambda found: repr(found.group())[1:-1], text)
+
+
+def echo(text: str, err: bool = False) -> None:
+    """Print ``text`` with credentials masked and control characters escaped."""
+    click.echo(printable(redact(text)), err=err)
+
+
 def fail(message: str) -> None:
-    click.echo(redact(f"Error: {message}"), err=True)
+    echo(f"Error: {message}", err=True)
     sys.exit(1)
 
 
@@ -108,30 +125,55 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
 
 
 def emit(as_json: bool, data: Any, human: Callable[[], str]) -> None:
-    """Print ``data`` as JSON, or ``human()``; credentials in either are masked."""
-    click.echo(redact(json.dumps(data, indent=2, default=str) if as_json else human()))
+    """Print ``data`` as JSON, or ``human()``; credentials in either are masked, and control
+    characters escaped (JSON escapes them itself). JSON is masked value by value, so that it
+    stays JSON: a value named like a secret reads ``"***"``, whatever its type."""
+    if as_json:
+        click.echo(json.dumps(_masked_json(json.loads(json.dumps(data, default=str))), indent=2))
+    else:
+        echo(human())
 
 
-def entry_dict(entry: ParkedTask, sensitive: Collection[str] = ()) -> dict[str, Any]:
+def _masked_json(value: Any, secret: bool = False) -> Any:
+    """A JSON value with its strings masked as text is (:func:`redact`), and the value of each
+    key named like a secret ``"***"`` (none stays none)."""
+    if secret and value not in (None, ""):
+        return MASK
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict):
+        return {k: _masked_json(v, is_secret_name(k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_masked_json(v) for v in value]
+    return value
+
+
+def entry_dict(entry: ParkedTask, masking: Masking = SHOW_ALL) -> dict[str, Any]:
     """The entry's fields as a person may see them: read without the encryption key, the sealed
     ones say "encrypted"; the caller's ``argsrepr``/``kwargsrepr`` stand for the arguments (as
-    in Celery's own events), else the ``sensitive`` keys are masked."""
+    in Celery's own events), else the sensitive values are masked (by keyword, by position, at
+    any depth), in the error and the traceback too."""
     data = {name: getattr(entry, name) for name in entry.__dataclass_fields__}
     if entry.encrypted:
         data.update(dict.fromkeys(SEALED, ENCRYPTED))
         return data
-    options = entry.options
-    for name, shown in (("args", "argsrepr"), ("kwargs", "kwargsrepr")):
-        stand_in = options.get(shown)
-        data[name] = stand_in if isinstance(stand_in, str) else masked(data[name], sensitive)
+    options, name, args, kwargs = entry.options, entry.task_name, entry.args, entry.kwargs
+    argsrepr, kwargsrepr = options.get("argsrepr"), options.get("kwargsrepr")
+    data["args"] = argsrepr if isinstance(argsrepr, str) else masking.args(name, args)
+    data["kwargs"] = kwargsrepr if isinstance(kwargsrepr, str) else masking.value(kwargs)
     # Linked signatures and headers carry later steps' arguments: masked as the admin does.
-    data["options"] = masked(options, sensitive)
+    data["options"] = masking.value(options)
+    data["exc_message"] = masking.text(entry.exc_message, name, args, kwargs)
+    data["traceback"] = masking.text(entry.traceback, name, args, kwargs)
     return data
 
 
 def status_text(entry: ParkedTask) -> str:
-    """``parked``, or ``dead (<reason code>)``: why it waits for a person."""
-    return f"dead ({dead_code(entry.dead_reason)})" if entry.dead_reason else entry.status
+    """``parked``, ``dead (<reason code>)`` (it waits for a person), or ``held`` (parked, for a
+    process that can read it)."""
+    if entry.dead_reason:
+        return f"dead ({dead_code(entry.dead_reason)})"
+    return "held" if entry.held else entry.status
 
 
 def known_breaker(res: Resilience, name: str) -> None:
@@ -180,7 +222,7 @@ def progress(
 
     ``length`` is called only when a bar is drawn: counting may cost a round trip.
     """
-    stream = click.get_text_stream("stderr")
+    stream = sys.stderr  # the results keep stdout
     try:
         total = length() if progress_wanted(as_json, stream.isatty()) else 0
     except (ResilienceError, redis.RedisError):  # no bar: the command reports the outage
@@ -224,7 +266,7 @@ def watch(show: Callable[[], None], interval: float, as_json: bool) -> None:
     try:
         while True:
             if not as_json:
-                if click.get_text_stream("stdout").isatty():
+                if sys.stdout.isatty():
                     click.clear()
                 click.echo(f"{when(time.time())} UTC, every {interval:g}s (Ctrl-C to stop)")
             try:

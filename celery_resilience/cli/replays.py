@@ -14,12 +14,22 @@ from celery.bin.base import CeleryCommand
 from ..backout.entry import ParkedTask
 from ..backout.lookup import find
 from ..backout.store import NO_BREAKER
+from ..drain.replay import COPY_WARNING, marked_copy
 from ..errors import ResilienceError
-from ..redact import redact
 from ..resilience import Resilience
 from .entries import not_one, where_of
 from .group import resilience
-from .output import breaker_filter, emit, fail, filters, json_option, progress, resilience_of, when
+from .output import (
+    breaker_filter,
+    echo,
+    emit,
+    fail,
+    filters,
+    json_option,
+    progress,
+    resilience_of,
+    when,
+)
 
 
 @resilience.command(cls=CeleryCommand)
@@ -72,7 +82,8 @@ def replay(
         for entry in entries:
             try:
                 sent = res.backout.replay(entry.id)
-                replayed.append({"id": entry.id, "task_id": sent.task_id, "task": sent.task_name})
+                done = {"id": entry.id, "task_id": sent.task_id, "task": sent.task_name}
+                replayed.append({**done, "warning": COPY_WARNING} if marked_copy(entry) else done)
             except KeyError:
                 failed.append({"id": entry.id, "error": "no parked task with this id"})
             except (ValueError, TimeoutError, ResilienceError) as exc:
@@ -86,8 +97,11 @@ def replay(
             + [f"{len(replayed)} replayed, {len(failed)} failed"]
         ),
     )
+    for r in replayed:
+        if "warning" in r:
+            echo(f"Warning: replayed {r['id']}, but {r['warning']}", err=True)
     for f in failed:
-        click.echo(redact(f"Error: could not replay {f['id']}: {f['error']}"), err=True)
+        echo(f"Error: could not replay {f['id']}: {f['error']}", err=True)
     if failed:
         sys.exit(1)
 
@@ -136,7 +150,7 @@ def _dry_run(entries: list[ParkedTask], missing: list[dict[str, str]], as_json: 
         ),
     )
     for f in missing:
-        click.echo(redact(f"Error: could not replay {f['id']}: {f['error']}"), err=True)
+        echo(f"Error: could not replay {f['id']}: {f['error']}", err=True)
     if missing:
         sys.exit(1)
 

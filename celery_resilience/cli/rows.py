@@ -7,11 +7,12 @@ a dead entry, why it is dead), share what the fixed columns leave of the width.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 
 from ..backout.entry import ParkedTask
+from ..backout.masking import SHOW_ALL, Masking
 from ..backout.summary import cut, summary
-from .output import status_text, when
+from .output import printable, status_text, when
 
 #: The width a list fits in: a terminal split in two, a wide pager, a ticket.
 WIDTH = 120
@@ -27,37 +28,46 @@ _FREE_MIN = 12
 
 
 def why(entry: ParkedTask) -> str:
-    """The reason it was parked, or ``dead (<code>)``: why it waits for a person."""
-    return status_text(entry) if entry.status == "dead" else entry.reason
+    """The reason it was parked, ``dead (<code>)`` (it waits for a person, or will once a drain
+    sees it: an entry this process can't decode or trust), or ``held`` (it waits for a process
+    that can read it)."""
+    if entry.dead_reason:
+        return status_text(entry)
+    return "held" if entry.held else entry.reason
 
 
-def error(entry: ParkedTask) -> str:
-    """A dead entry's dead reason beyond its code, else the exception (its type's own name)."""
+def error(entry: ParkedTask, masking: Masking = SHOW_ALL) -> str:
+    """A dead entry's dead reason beyond its code, why a held one is held, else the exception
+    (its type's own name and its message, sensitive values masked)."""
+    if entry.held:
+        return entry.held
     detail = (entry.dead_reason or "").partition(":")[2].strip()
     if entry.status == "dead" and detail:
         return detail
     if not entry.exc_type:
         return "-"
     kind = entry.exc_type.rpartition(".")[2]
-    return f"{kind}: {entry.exc_message}" if entry.exc_message else kind
+    message = masking.text(entry.exc_message, entry.task_name, entry.args, entry.kwargs)
+    return f"{kind}: {message}" if message else kind
 
 
-def rows(entries: Sequence[ParkedTask], sensitive: Collection[str] = (), width: int = WIDTH) -> str:
+def rows(entries: Sequence[ParkedTask], masking: Masking = SHOW_ALL, width: int = WIDTH) -> str:
     """The table of ``entries``, each line at most ``width`` characters."""
     fixed = [
         [
             e.id[:ID_SHOWN],
             when(e.parked_at),
-            cut(e.task_name, NAME_MAX),
-            cut(e.breaker or "-", BREAKER_MAX),
+            printable(cut(e.task_name, NAME_MAX)),
+            printable(cut(e.breaker or "-", BREAKER_MAX)),
             why(e),
         ]
         for e in entries
     ]
     widths = [max([len(h), *(len(r[i]) for r in fixed)]) for i, h in enumerate(HEADERS[:5])]
     free = max(2 * _FREE_MIN, width - sum(widths) - len(_GAP) * 6)
-    shown_args = [summary(e, sensitive, width) for e in entries]
-    errors = [error(e) for e in entries]
+    # Escaped before they are measured: an escape is wider than the character it stands for.
+    shown_args = [printable(summary(e, masking, width)) for e in entries]
+    errors = [printable(error(e, masking)) for e in entries]
     # What each needs; when both can't fit, the arguments get at least two fifths.
     args_need = max([len(HEADERS[5]), *map(len, shown_args)])
     error_need = max([len(HEADERS[6]), *map(len, errors)])

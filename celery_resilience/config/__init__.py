@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ..backoff import Exponential
+from ..redact import masked_repr, remember_settings
 
 # ``from_conf`` calls the validators through this module (tests patch ``config._redis_url``).
 from .backout import DJANGO_STORE, backout_store_factory, backout_store_path
@@ -33,7 +34,16 @@ from .broker import (
     native_delayed_delivery,
 )
 from .deployment import RedisDeployment, broker_options, deployment, kind_of, park_replicas
-from .trust import Keys, encryption_keys, sensitive_keys, serializer, signing_keys
+from .trust import (
+    ErrorText,
+    Keys,
+    encryption_keys,
+    error_text,
+    pickle_signed,
+    sensitive_keys,
+    serializer,
+    signing_keys,
+)
 from .values import (
     choice,
     exception_types,
@@ -105,7 +115,11 @@ SETTINGS = (
     "signing_key",
     "encryption_key",
     "sensitive_keys",
+    "entry_lifetime",
+    "error_text",
 )
+#: Seconds an entry's signed lifetime lasts by default (30 days).
+DEFAULT_ENTRY_LIFETIME = 30 * 86400.0
 
 
 @dataclass(frozen=True)
@@ -135,7 +149,7 @@ class ResilienceConfig:
     drain_rate: float = 50.0
     #: Messages a replay's queue may hold before the drain waits for room (``None``: no check).
     drain_max_queue_depth: int | None = DEFAULT_MAX_QUEUE_DEPTH
-    #: Entries the first drain after a breaker closes releases; doubling from there.
+    #: Entries the first drain after a breaker closes replays; doubling from there.
     drain_slow_start: int = 2
     #: Queue every replay goes to (``None``: the entry's own queue and routing).
     replay_queue: str | None = None
@@ -159,6 +173,14 @@ class ResilienceConfig:
     encryption_keys: Keys = field(default=(), repr=False)
     #: Argument names whose values every surface masks (admin, CLI, logs, events).
     sensitive_keys: tuple[str, ...] = ()
+    #: Seconds from its park until an entry's signed lifetime ends: past it the drain no longer
+    #: sends it (dead ``stale``), and it remembers a consumed entry that long.
+    entry_lifetime: float = DEFAULT_ENTRY_LIFETIME
+    #: What of a task's error message reaches the result backend, events and log lines.
+    error_text: ErrorText = "masked"
+
+    def __repr__(self) -> str:
+        return masked_repr(self)
 
     @property
     def signing_key(self) -> list[str | bytes] | None:
@@ -232,6 +254,8 @@ class ResilienceConfig:
             assert name in SETTINGS, f"resilience_{name} is read but not listed in SETTINGS"
             return conf.get(f"resilience_{name}", default)
 
+        remember_settings(conf)  # before any error can quote a setting
+
         defaults = breaker_config(
             "resilience_breaker_defaults", get("breaker_defaults", {}), BreakerConfig()
         )
@@ -246,6 +270,7 @@ class ResilienceConfig:
                 raise invalid("resilience_breakers", name, "a breaker name (not '-', no braces)")
             breakers[name] = breaker_config(setting, options, defaults)
 
+        sealing = encryption_keys(get("encryption_key"))
         redis_url = _redis_url(get("redis_url"), conf.get("broker_url"))
         redis_options = get("redis_options")
         if redis_options is None and get("redis_url") is None and kind_of(redis_url) == "sentinel":
@@ -290,7 +315,14 @@ class ResilienceConfig:
             keep_delay=positive("resilience_keep_delay", get("keep_delay", 30.0)),
             park_attempts=integer("resilience_park_attempts", get("park_attempts", 10)),
             broker_redelivery_after=broker_redelivery_after(conf),
-            signing_keys=signing_keys(get("signing_key")),
-            encryption_keys=encryption_keys(get("encryption_key")),
+            signing_keys=pickle_signed(
+                serializer(get("serializer"), conf.get("task_serializer")),
+                signing_keys(get("signing_key")),
+            ),
+            encryption_keys=sealing,
             sensitive_keys=sensitive_keys(get("sensitive_keys", ())),
+            entry_lifetime=positive(
+                "resilience_entry_lifetime", get("entry_lifetime", DEFAULT_ENTRY_LIFETIME)
+            ),
+            error_text=error_text(get("error_text"), bool(sealing)),
         )

@@ -8,7 +8,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigurationError
-from .values import exception_types, integer, invalid, optional, positive, rate
+from .values import (
+    call_rate,
+    calls_per_second,
+    exception_types,
+    integer,
+    invalid,
+    non_negative,
+    optional,
+    positive,
+    rate,
+    share,
+)
 
 
 @dataclass(frozen=True)
@@ -30,11 +41,23 @@ class BreakerConfig:
     #: keys behind.
     idle_timeout: float = 3600.0
     ignore: tuple[type[BaseException], ...] = ()
+    #: The retry budget: retries of the breaker's tasks, fleet-wide, may add at most this share
+    #: of its first attempts over ``window``, plus ``min_retries_per_second``; ``None``: off.
+    retry_budget: float | None = None
+    min_retries_per_second: float = 10.0
+    #: Calls through the breaker, fleet-wide, as Celery writes a rate (``"100/s"``, ``"20/m"``,
+    #: ``"500/h"``); ``None``: off.
+    rate_limit: str | None = None
 
     @property
     def max_open_timeout(self) -> float:
         """The ceiling of the open timeout's growth on repeated trips (no growth when unset)."""
         return self.open_timeout if self.open_timeout_max is None else self.open_timeout_max
+
+    @property
+    def rate_per_second(self) -> float | None:
+        """``rate_limit`` in calls per second (``None``: no rate limit)."""
+        return None if self.rate_limit is None else calls_per_second(self.rate_limit)
 
 
 def breaker_config(setting: str, options: Any, base: BreakerConfig) -> BreakerConfig:
@@ -70,6 +93,11 @@ def breaker_config(setting: str, options: Any, base: BreakerConfig) -> BreakerCo
         call_lease=positive(at("call_lease"), values["call_lease"]),
         idle_timeout=positive(at("idle_timeout"), values["idle_timeout"]),
         ignore=exception_types(setting, "ignore", values["ignore"]),
+        retry_budget=optional(share, at("retry_budget"), values["retry_budget"]),
+        min_retries_per_second=non_negative(
+            at("min_retries_per_second"), values["min_retries_per_second"]
+        ),
+        rate_limit=optional(call_rate, at("rate_limit"), values["rate_limit"]),
     )
     if cfg.open_timeout_max is not None and cfg.open_timeout_max < cfg.open_timeout:
         raise invalid(

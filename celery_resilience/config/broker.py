@@ -9,6 +9,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from ..errors import ConfigurationError
+from ..redact import masked_value
 from .deployment import SENTINEL_SCHEME, kind_of
 from .values import invalid, positive
 
@@ -33,26 +34,27 @@ def _redis_url(value: Any, broker_url: Any) -> str:
     if value == MEMORY_URL:
         return MEMORY_URL
     if value is None:
-        broker = broker_url.split(";")[0] if isinstance(broker_url, str) else None
-        if broker and urlparse(broker).scheme in REDIS_SCHEMES:
+        broker = broker_url.split(";")[0] if isinstance(broker_url, str) else ""
+        scheme = broker.partition("://")[0].lower()
+        if scheme in REDIS_SCHEMES:
             return broker
-        if broker and urlparse(broker).scheme == SENTINEL_SCHEME:
+        if scheme == SENTINEL_SCHEME:
             return str(broker_url)  # kombu's list: every sentinel of it
-        if broker and urlparse(broker).scheme == "memory":
+        if scheme == "memory":
             return MEMORY_URL  # an in-memory broker (tests): keep everything in the process too
         raise ConfigurationError(
             "resilience_redis_url is not set and the broker is not Redis "
-            f"(broker_url={broker_url!r}): set resilience_redis_url"
+            f"(broker_url={masked_value(broker_url)!r}): set resilience_redis_url"
         )
     if not isinstance(value, str):
         raise invalid("resilience_redis_url", value, "a redis:// URL")
     if kind_of(value) in ("sentinel", "cluster"):
         return value  # parsed by config.deployment, with resilience_redis_options
-    parsed = urlparse(value)
     try:
+        parsed = urlparse(value)
         parsed.port  # noqa: B018 - raises ValueError on a malformed port
-    except ValueError as exc:
-        raise invalid("resilience_redis_url", value, "a redis:// URL") from exc
+    except ValueError:  # its text quotes a piece of the URL: a password's, maybe
+        raise invalid("resilience_redis_url", value, "a redis:// URL") from None
     if parsed.scheme not in REDIS_SCHEMES or not (parsed.hostname or parsed.path):
         raise invalid(
             "resilience_redis_url",

@@ -14,6 +14,7 @@ from typing import Any, Literal
 from urllib.parse import unquote, urlparse
 
 from ..errors import ConfigurationError
+from ..redact import masked_repr
 from .values import invalid
 
 Kind = Literal["server", "sentinel", "cluster"]
@@ -57,6 +58,9 @@ class RedisDeployment:
     ssl: bool = False
     #: ``resilience_redis_options``: passed to the client (``master_name`` taken out of it).
     options: Mapping[str, Any] = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        return masked_repr(self)
 
     @property
     def master_name(self) -> str:
@@ -150,11 +154,11 @@ def _sentinel(url: str, options: dict[str, Any]) -> RedisDeployment:
     for part in (p.strip() for p in url.split(";")):
         if not part:
             continue
-        parsed = urlparse(part)
         try:
+            parsed = urlparse(part)
             port = parsed.port or SENTINEL_PORT
-        except ValueError as exc:
-            raise invalid(URL_SETTING, url, "sentinel://host:port URLs, ';'-separated") from exc
+        except ValueError:  # its text quotes a piece of the URL: a password's, maybe
+            raise invalid(URL_SETTING, url, "sentinel://host:port URLs, ';'-separated") from None
         if parsed.scheme != SENTINEL_SCHEME or not parsed.hostname:
             raise invalid(URL_SETTING, url, "sentinel://host:port URLs, ';'-separated")
         nodes.append((parsed.hostname, port))

@@ -40,6 +40,11 @@ class _SetAside:
             return default if value is _ABSENT else value
         return self._conf.get(name, default)
 
+    def items(self) -> Any:
+        """The settings as given (their secrets are remembered for redaction)."""
+        items = getattr(self._conf, "items", None)
+        return items() if items is not None else ()
+
 
 def setting_errors(conf: Any) -> tuple[list[ConfigurationError], ResilienceConfig | None]:
     """Every error of the ``resilience_*`` settings of ``conf``, and the configuration read

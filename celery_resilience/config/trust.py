@@ -1,15 +1,15 @@
 """The back-out store's trust settings: its serializer (from an allow-list), the signing keys,
-the encryption keys and the argument names every surface masks. No key is ever part of an error
-message."""
+the encryption keys, the argument names every surface masks and what of an error's message
+leaves the store. No key is ever part of an error message."""
 
 from __future__ import annotations
 
 import base64
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal, cast
 
 from ..errors import ConfigurationError
-from .values import invalid
+from .values import choice, invalid
 
 #: Serializers the store may write with; pickle only when ``resilience_serializer`` names it.
 SAFE_SERIALIZERS = ("json", "msgpack")
@@ -20,6 +20,10 @@ MIN_SIGNING_KEY = 16
 AES_KEY_BYTES = 32
 
 Keys = tuple[str | bytes, ...]
+#: ``resilience_error_text``: the message as raised, the exception's type only, or the message
+#: with the values of the sensitive arguments masked.
+ErrorText = Literal["full", "type", "masked"]
+ERROR_TEXTS: tuple[ErrorText, ...] = ("full", "type", "masked")
 
 
 def serializer(named: Any, task_serializer: Any) -> str:
@@ -58,6 +62,18 @@ def signing_keys(value: Any) -> Keys:
                 f"resilience_signing_key: key #{position + 1} is {size} bytes long, "
                 f"fewer than {MIN_SIGNING_KEY}"
             )
+    return keys
+
+
+def pickle_signed(named: str, keys: Keys) -> Keys:
+    """``keys``, once checked that a pickle store has some: whoever can write one unsigned
+    pickled entry would run code in every process that reads the store."""
+    if named == PICKLE and not keys:
+        raise ConfigurationError(
+            "resilience_serializer = 'pickle' needs resilience_signing_key: without it, whoever "
+            "can write to the back-out store runs code in every process that reads it. Set "
+            "resilience_signing_key, or use 'json' or 'msgpack'."
+        )
     return keys
 
 
@@ -108,3 +124,13 @@ def sensitive_keys(value: Any) -> tuple[str, ...]:
         if not isinstance(name, str) or not name:
             raise invalid(setting, value, "a list of non-empty argument names")
     return tuple(sorted({name.lower() for name in value}))
+
+
+def error_text(value: Any, encrypted: bool) -> ErrorText:
+    """``resilience_error_text``: what of a task's error message reaches the result backend,
+    the ``task-parked`` event and log lines. By default no more than the store shows without a
+    key: the type only when an encryption key seals error texts in the store, else the message
+    with the sensitive arguments' values masked (all of it while no key is sensitive)."""
+    if value is None:
+        return "type" if encrypted else "masked"
+    return cast(ErrorText, choice("resilience_error_text", value, ERROR_TEXTS))

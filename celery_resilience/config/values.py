@@ -12,13 +12,17 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from ..errors import ConfigurationError
+from ..redact import is_secret_name, masked_value
 
 T = TypeVar("T")
 
 
 def invalid(setting: str, value: Any, expected: str) -> ConfigurationError:
-    """The error to raise: ``<setting> must be <expected>, got <value>``."""
-    return ConfigurationError(f"{setting} must be {expected}, got {value!r}")
+    """The error to raise: ``<setting> must be <expected>, got <value>``. A secret never shows:
+    a setting named like one gives its value's type only, and any other value is shown with
+    its URLs' passwords and its secret-named options masked."""
+    shown = f"a {type(value).__name__}" if is_secret_name(setting) else repr(masked_value(value))
+    return ConfigurationError(f"{setting} must be {expected}, got {shown}")
 
 
 def integer(setting: str, value: Any) -> int:
@@ -49,6 +53,60 @@ def per_second(setting: str, value: Any) -> float:
 def rate(setting: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
         raise invalid(setting, value, "a rate in (0, 1]")
+    return float(value)
+
+
+#: Seconds in the period of a rate as Celery writes it (``"100/m"``); no unit: per second.
+_PERIODS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def calls_per_second(text: str) -> float:
+    """``"N/s"``, ``"N/m"``, ``"N/h"`` (or ``"N"``: per second) as calls per second; ``ValueError``
+    if ``text`` is none of those, or N is not a finite number > 0."""
+    number, _, unit = text.strip().partition("/")
+    period = _PERIODS[unit.strip()] if unit else 1.0
+    count = float(number)
+    if not (math.isfinite(count) and count > 0):
+        raise ValueError(text)
+    return count / period
+
+
+#: The slowest rate of calls a setting takes: one a day. A slower one is a mistake more likely
+#: than a limit, and its wait between calls would leave the range of the lease's arithmetic.
+MIN_CALLS_PER_SECOND = 1 / 86400
+
+
+def call_rate(setting: str, value: Any) -> str:
+    """A rate of calls as Celery writes one: ``"N/s"``, ``"N/m"`` or ``"N/h"``, at least one
+    call a day."""
+    expected = (
+        "a rate such as '100/s', '20/m' or '500/h' (a number > 0 per s, m or h, at least "
+        "one call a day, 0.0417/h)"
+    )
+    if not isinstance(value, str):
+        raise invalid(setting, value, expected)
+    try:
+        per_second = calls_per_second(value)
+    except (KeyError, ValueError):
+        raise invalid(setting, value, expected) from None
+    if per_second < MIN_CALLS_PER_SECOND:
+        raise invalid(setting, value, expected)
+    return value.strip()
+
+
+def share(setting: str, value: Any) -> float:
+    """A share of something, in [0, 1] (0 allowed, unlike :func:`rate`)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise invalid(setting, value, "a ratio in [0, 1]")
+    return float(value)
+
+
+def non_negative(setting: str, value: Any) -> float:
+    """A finite number >= 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        raise invalid(setting, value, "a number >= 0")
+    if not math.isfinite(value):
+        raise invalid(setting, value, "a finite number")
     return float(value)
 
 

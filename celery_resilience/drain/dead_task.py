@@ -10,7 +10,9 @@ from celery import Celery, _state
 from celery.app.task import Context
 
 from ..backout.entry import ParkedTask
+from ..delivery import parking
 from ..errors import ParkedTaskDead
+from ..known_tasks import masking_of
 from ..redact import get_logger
 from ..runtime import Runtime
 
@@ -30,7 +32,9 @@ def fail_task(runtime: Runtime, entry: ParkedTask, dead_reason: str) -> None:
         return
     app, options = runtime.app, entry.options
     task = app.tasks.get(entry.task_name)
-    detail = f": last error {entry.exc_type}: {entry.exc_message}" if entry.exc_type else ""
+    masking = masking_of(runtime)  # the result backend is outside the store
+    detail = f": last error {parking.error(entry, masking)}" if entry.exc_type else ""
+    trace = masking.error(entry.traceback, entry.task_name, entry.args, entry.kwargs)
     exc = ParkedTaskDead(
         f"{entry.task_name}[{entry.task_id}] is dead in the back-out store ({dead_reason}){detail}"
     )
@@ -56,7 +60,7 @@ def fail_task(runtime: Runtime, entry: ParkedTask, dead_reason: str) -> None:
             backend.mark_as_failure(
                 entry.task_id,
                 exc,
-                traceback=entry.traceback or None,
+                traceback=trace or None,
                 request=request,
                 store_result=not ignore_result or bool(task and task.store_errors_even_if_ignored),
                 call_errbacks=True,

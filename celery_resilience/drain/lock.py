@@ -14,7 +14,7 @@ from typing import Any
 
 from redis.exceptions import LockError, RedisError
 
-from ..backout.redis_keys import BackoutKeys
+from ..backout.redis.keys import BackoutKeys
 from ..redact import get_logger
 from ..redis_io import unavailable
 from ..runtime import Runtime

@@ -1,158 +1,174 @@
-"""How much one drain run may release: the rate ceiling and the slow start after a breaker closes.
+"""How much a drain pass may replay: the rate ceiling, the slow start after a breaker closes,
+and what the passes remember of each breaker between them. Pure: given the state, the time (Redis
+time) and what a pass saw or replayed, the next state and how many may go. The state is kept
+fleet-wide between passes by ``pace_store.py``.
 
-Both are kept between runs, fleet-wide (the next run may be on another worker), in one Redis hash
-beside the drain lock, read and written under that lock (so no script is needed):
-
-- ``tokens`` / ``at``: a token bucket at ``resilience_drain_rate`` per second holding at most
-  ``resilience_drain_batch``: the rate is a ceiling over every run, whoever started it;
-- ``full|<breaker>``: since when the passes have found the breaker's bulkhead full, and when
-  one last saw it so;
-- ``probes|<breaker>``: the trip (``opened_total``) whose half-open probes a pass sent, and
-  when;
-- ``held|<breaker>``: a breaker named at call time that a pass found open, and until when
-  (its ``open_until``): the passes skip it meanwhile while its family still lists it as
-  troubled (``gate.still_held``), so a thousand open hosts cost nothing per pass;
-- ``trips|<breaker>`` / ``window|<breaker>``: the slow start. A dependency that just came back
-  gets ``resilience_drain_slow_start`` replays from the first run after its breaker closed, twice
-  as many from each run that used its whole window, up to ``resilience_drain_batch``. A new trip
-  of the breaker (its ``opened_total`` moved) starts the ramp over.
-
-With ``memory://`` the state lives in the process (one process holds everything there).
+- the rate: a token bucket at ``resilience_drain_rate`` per second holding at most
+  ``resilience_drain_batch``, a ceiling over every pass, whoever runs it;
+- the slow start: a dependency that just came back gets ``resilience_drain_slow_start``
+  replays from the first pass after its breaker closed, twice as many from each pass that used
+  its whole window, up to ``resilience_drain_batch``. A new trip of the breaker (its
+  ``opened_total`` moved) starts the ramp over;
+- per breaker, what the gate (``gate.py``) decides from: since when the passes have seen its
+  bulkhead full, the trip whose half-open probes a pass sent, and until when a breaker named at
+  call time holds its entries back (``held``: the passes skip it meanwhile).
 """
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 
-from ..backout.redis_keys import BackoutKeys
-from ..runtime import Runtime
-
-#: The state is refreshed at every run; a day without runs forgets it (a new ramp starts).
-STATE_TTL = 86400
 #: A bulkhead last seen full longer ago than this (seconds) is not known to have stayed full:
 #: the passes look at a full bulkhead about every second.
 STALE = 3.0
-_memory: dict[int, dict[str, str]] = {}
-_memory_lock = threading.Lock()
+#: Sightings (a full bulkhead, probes sent) older than this (seconds) are forgotten.
+FORGET_AFTER = 3600.0
 
 
-def pace_key(key_prefix: str) -> str:
-    return f"{BackoutKeys.for_prefix(key_prefix).tag}:drain-pace"
+@dataclass(frozen=True)
+class PaceSettings:
+    """The settings the rules read: ``resilience_drain_rate`` (tokens per second),
+    ``resilience_drain_batch`` (the bucket's size and the ramp's top) and
+    ``resilience_drain_slow_start`` (the first window after a close)."""
+
+    rate: float
+    batch: int
+    slow_start: int
 
 
-class DrainPace:
-    """The pace state of one run: read at its start, written back once at its end."""
+@dataclass(frozen=True)
+class BreakerPace:
+    """What the passes remember of one breaker."""
 
-    def __init__(self, runtime: Runtime) -> None:
-        self.runtime = runtime
-        self.config = runtime.config
-        self.now = runtime.now()
-        self._state = dict(self._load())
-        self._dropped: set[str] = set()  # fields to delete from the hash at save
-        at = _number(self._state.get("at"), self.now)
-        tokens = _number(self._state.get("tokens"), float(self.config.drain_batch))
-        elapsed = max(0.0, self.now - at)
-        self.tokens = min(float(self.config.drain_batch), tokens + elapsed * self.config.drain_rate)
+    #: The trip (``opened_total``) the slow start's window belongs to, and the window.
+    trips: str | None = None
+    window: int | None = None
+    #: The bulkhead: first and last time a pass saw it full.
+    full_since: float | None = None
+    full_last: float | None = None
+    #: The trip whose half-open probes a pass sent, and when.
+    probes_trip: float | None = None
+    probes_at: float | None = None
+    #: A breaker named at call time found open: until when it holds its entries back.
+    held_until: float | None = None
 
-    def window(self, breaker: str, snapshot: Mapping[str, Any]) -> int:
-        """How many replays the slow start allows ``breaker`` (closed) in this run."""
-        trips = str(snapshot.get("opened_total", 0))
-        start = min(self.config.drain_slow_start, self.config.drain_batch)
-        if self._state.get(f"trips|{breaker}") != trips:  # closed since it last tripped
-            self._state[f"trips|{breaker}"] = trips
-            self._state[f"window|{breaker}"] = str(start)
-            return start
-        return int(_number(self._state.get(f"window|{breaker}"), start))
+    @property
+    def empty(self) -> bool:
+        return self == BreakerPace()
 
-    def spend(self, breaker: str | None, released: int, window: int | None) -> None:
-        """Record ``released`` replays; a ramp whose whole window went out doubles."""
-        self.tokens = max(0.0, self.tokens - released)
-        if breaker is not None and window is not None and released >= window:
-            grown = min(window * 2, self.config.drain_batch)
-            self._state[f"window|{breaker}"] = str(grown)
 
-    def full_for(self, breaker: str, full: bool) -> float:
-        """Seconds the bulkhead of ``breaker`` has been full, as the passes saw it: 0 when this
-        one sees a free slot, is the first to see it full, or the last sighting is too old to
-        say the bulkhead stayed full since (``STALE``)."""
-        key = f"full|{breaker}"
-        if not full:
-            if self._state.pop(key, None) is not None:
-                self._dropped.add(key)
-            return 0.0
-        since, last = _pair(self._state.get(key))
-        if since is None or last is None or self.now - last > STALE:
-            since = self.now
-        self._state[key] = f"{since!r}|{self.now!r}"
-        return max(0.0, self.now - since)
+@dataclass(frozen=True)
+class PaceState:
+    """The pace between passes: the bucket's tokens as of ``at``, and each breaker's memory."""
 
-    def probes_out(self, breaker: str, snapshot: Mapping[str, Any], lease: float) -> bool:
-        """Whether a pass already sent this half-open's probes (same trip, within ``lease``)."""
-        trip, sent = _pair(self._state.get(f"probes|{breaker}"))
-        same_trip = trip == _number(str(snapshot.get("opened_total", 0)), 0.0)
-        return same_trip and sent is not None and self.now - sent < lease
+    tokens: float
+    at: float
+    breakers: Mapping[str, BreakerPace] = field(default_factory=dict)
 
-    def probes_sent(self, breaker: str, snapshot: Mapping[str, Any]) -> None:
-        trip = _number(str(snapshot.get("opened_total", 0)), 0.0)
-        self._state[f"probes|{breaker}"] = f"{trip!r}|{self.now!r}"
+    def of(self, breaker: str) -> BreakerPace:
+        return self.breakers.get(breaker, BreakerPace())
 
-    def held_until(self, breaker: str) -> float | None:
-        return _maybe(self._state.get(f"held|{breaker}", ""))
+    def with_breaker(self, breaker: str, pace: BreakerPace) -> PaceState:
+        breakers = dict(self.breakers)
+        if pace.empty:
+            breakers.pop(breaker, None)
+        else:
+            breakers[breaker] = pace
+        return replace(self, breakers=breakers)
 
-    def hold(self, breaker: str, until: float | None) -> None:
-        """Remember that ``breaker`` holds its entries back until ``until`` (``None``: it no
-        longer does)."""
-        key = f"held|{breaker}"
-        if until is not None:
-            self._state[key] = repr(until)
-        elif self._state.pop(key, None) is not None:
-            self._dropped.add(key)
 
-    def forget_others(self, breakers: set[str]) -> None:
-        """Drop what is kept for breakers named at call time that hold no parked entries any
-        more: the state stays as small as the hosts with entries (thousands come and go). A
-        declared breaker's ramp is kept (its backlog may be empty for a moment)."""
-        family_of = self.config.family_of
-        for key in list(self._state):
-            _, _, breaker = key.partition("|")
-            if breaker and breaker not in breakers and family_of(breaker) is not None:
-                del self._state[key]
-                self._dropped.add(key)
+def refill(state: PaceState | None, now: float, settings: PaceSettings) -> PaceState:
+    """The state at ``now``: the bucket refilled for the time since ``at`` (full when nothing is
+    kept: a first pass, or a day without one)."""
+    capacity = float(settings.batch)
+    if state is None:
+        return PaceState(capacity, now)
+    elapsed = max(0.0, now - state.at)
+    return replace(state, tokens=min(capacity, state.tokens + elapsed * settings.rate), at=now)
 
-    def seconds_for(self, count: int) -> float:
-        """Seconds until the bucket holds ``count`` tokens again (0 when it does)."""
-        missing = min(count, self.config.drain_batch) - self.tokens
-        return max(0.0, missing / self.config.drain_rate)
 
-    def save(self) -> None:
-        for key, value in list(self._state.items()):  # sightings too old to mean anything
-            last = _pair(value)[1] if key.startswith(("full|", "probes|")) else None
-            if last is not None and self.now - last > STATE_TTL / 24:
-                del self._state[key]
-                self._dropped.add(key)
-        self._state["tokens"] = repr(self.tokens)
-        self._state["at"] = repr(self.now)
-        if self.config.in_memory:
-            with _memory_lock:
-                _memory[id(self.runtime)] = dict(self._state)
-            return
-        key = pace_key(self.config.key_prefix)
-        with self.runtime.redis.pipeline(transaction=False) as pipe:
-            pipe.hset(key, mapping=dict[Any, Any](self._state))
-            if self._dropped:
-                pipe.hdel(key, *self._dropped)
-            pipe.expire(key, STATE_TTL)
-            pipe.execute()
+def slow_start(pace: BreakerPace, trips: str, settings: PaceSettings) -> tuple[int, BreakerPace]:
+    """The slow start's window for a closed breaker in this pass (``trips``: its
+    ``opened_total``): the first window again when it tripped since the ramp began."""
+    start = min(settings.slow_start, settings.batch)
+    if pace.trips != trips or pace.window is None:
+        return start, replace(pace, trips=trips, window=start)
+    return pace.window, pace
 
-    def _load(self) -> Mapping[str, str]:
-        if self.config.in_memory:
-            with _memory_lock:
-                return dict(_memory.get(id(self.runtime), {}))
-        raw = self.runtime.redis.hgetall(pace_key(self.config.key_prefix))
-        return {_text(k): _text(v) for k, v in raw.items()}
+
+def spend(
+    state: PaceState,
+    breaker: str,
+    replayed: int,
+    window: int | None,
+    settings: PaceSettings,
+) -> PaceState:
+    """The state after a pass replayed ``replayed`` entries of ``breaker``: tokens spent, and a
+    slow start (``window``: the window it had) whose whole window went out doubled."""
+    state = replace(state, tokens=max(0.0, state.tokens - replayed))
+    if window is not None and replayed >= window:
+        grown = min(window * 2, settings.batch)
+        state = state.with_breaker(breaker, replace(state.of(breaker), window=grown))
+    return state
+
+
+def full_for(pace: BreakerPace, full: bool, now: float) -> tuple[float, BreakerPace]:
+    """Seconds the bulkhead has been full as the passes saw it, and the memory after this
+    sighting: 0 when this pass sees a free slot, is the first to see it full, or the last
+    sighting is too old to say it stayed full since (:data:`STALE`)."""
+    if not full:
+        return 0.0, replace(pace, full_since=None, full_last=None)
+    since, last = pace.full_since, pace.full_last
+    if since is None or last is None or now - last > STALE:
+        since = now
+    return max(0.0, now - since), replace(pace, full_since=since, full_last=now)
+
+
+def probes_out(pace: BreakerPace, trip: float, now: float, lease: float) -> bool:
+    """Whether a pass sent this half-open's probes (same trip, within the probes' ``lease``)."""
+    return pace.probes_trip == trip and pace.probes_at is not None and now - pace.probes_at < lease
+
+
+def probes_sent(pace: BreakerPace, trip: float, now: float) -> BreakerPace:
+    return replace(pace, probes_trip=trip, probes_at=now)
+
+
+def held(pace: BreakerPace, until: float | None) -> BreakerPace:
+    """The memory of a breaker named at call time that holds its entries back until ``until``
+    (``None``: it no longer does)."""
+    return replace(pace, held_until=until)
+
+
+def seconds_for(state: PaceState, count: int, settings: PaceSettings) -> float:
+    """Seconds until the bucket holds ``count`` tokens again (0 when it does)."""
+    missing = min(count, settings.batch) - state.tokens
+    return max(0.0, missing / settings.rate)
+
+
+def forget(
+    state: PaceState,
+    live: set[str] | None,
+    family_of: Callable[[str], str | None],
+) -> PaceState:
+    """The state without what no pass needs any more: sightings older than
+    :data:`FORGET_AFTER`, and, when ``live`` names the breakers with parked entries, all that is
+    kept of breakers named at call time outside it (thousands of hosts come and go; a declared
+    breaker's ramp is kept, its backlog may be empty for a moment)."""
+    now = state.at
+    breakers: dict[str, BreakerPace] = {}
+    for name, kept in state.breakers.items():
+        if live is not None and name not in live and family_of(name) is not None:
+            continue
+        pace = kept
+        if pace.full_last is not None and now - pace.full_last > FORGET_AFTER:
+            pace = replace(pace, full_since=None, full_last=None)
+        if pace.probes_at is not None and now - pace.probes_at > FORGET_AFTER:
+            pace = replace(pace, probes_trip=None, probes_at=None)
+        if not pace.empty:
+            breakers[name] = pace
+    return replace(state, breakers=breakers)
 
 
 class TokenBucket:
@@ -174,27 +190,3 @@ class TokenBucket:
                 self.tokens -= n
                 return
             time.sleep((min(n, self.capacity) - self.tokens) / self.rate)
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _pair(value: str | None) -> tuple[float | None, float | None]:
-    """``"a|b"`` as two numbers (``None`` for what is missing or unreadable)."""
-    first, _, second = (value or "").partition("|")
-    return _maybe(first), _maybe(second)
-
-
-def _maybe(value: str) -> float | None:
-    try:
-        return float(value) if value else None
-    except ValueError:
-        return None
-
-
-def _number(value: str | None, default: float) -> float:
-    try:
-        return default if value is None else float(value)
-    except ValueError:
-        return default

@@ -7,22 +7,25 @@ reports why it refused.
 
 from __future__ import annotations
 
-import threading
-import weakref
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
 from ..backout.entry import ParkedTask
 from ..backout.store import UNREADABLE_META, breaker_key, dead_code, dead_reason
-from ..backout.trust import TAMPERED, UNDECRYPTABLE, UNSIGNED
+from ..backout.trust import TAMPERED
 from ..headers import rejected_replays
+from ..known_tasks import is_registered
 from ..redact import get_logger
+from ..repair import unreadable_here
 from ..runtime import Runtime
 
-#: Dead reasons of entries that can't be replayed even by hand: their bytes can't be read, or
-#: can't be trusted (a person can't tell a forged entry from a real one either).
-UNREADABLE = ("undecodable", UNREADABLE_META, TAMPERED, UNSIGNED)
+#: Dead reasons of entries that can't be replayed even by hand, whatever this process reads in
+#: them: metadata written by another release or by hand. (A copy of an entry already published,
+#: dead ``replayed``, may be: a person may know better, see ``replay.py``.)
+NEVER_REPLAYED = (UNREADABLE_META,)
+#: Dead reason of an entry whose signed lifetime ended while it was parked.
+STALE = "stale"
 #: Replays (counting those the breaker turned away) after which an entry is dead regardless.
 REJECTED_REPLAYS_FACTOR = 10
 
@@ -31,10 +34,12 @@ logger = get_logger("celery_resilience.drain")
 
 @dataclass(frozen=True)
 class Refusal:
-    """Why an entry can't be published: ``dead_reason`` for the store, ``message`` for people."""
+    """Why an entry can't be published: ``dead_reason`` for the store, ``message`` for people;
+    ``held``: not by this process, but maybe by another (it stays parked, never dead)."""
 
     dead_reason: str
     message: str
+    held: bool = False
 
 
 def preflight(
@@ -43,14 +48,21 @@ def preflight(
     """What a worker would refuse this entry for, checked before it is published (``None``: go).
 
     The drain never sends a dead entry; a person may (``by_hand``), once its cause is gone (the
-    checks below run again), unless its bytes can't be read.
+    checks below run again), if this process reads and verifies its bytes (an entry another
+    process found undecodable or untrusted may read here: the checks are this process's).
+    Entries held here (``held``) are the caller's to leave parked, never to refuse.
     """
+    unreadable = unreadable_here(entry)
+    if entry.held and entry.status == "parked":
+        return Refusal("held", unreadable or entry.held, held=True)
     if entry.status == "dead" or entry.dead_reason:
         reason = entry.dead_reason or "undecodable"
-        if not by_hand or dead_code(reason) in UNREADABLE:
-            return Refusal(reason, entry.exc_message or f"entry {entry.id} is {reason}")
-    if entry.encrypted:  # read without the key: its arguments are sealed, nothing to send
-        return Refusal(UNDECRYPTABLE, f"entry {entry.id} is encrypted and no key here opens it")
+        if unreadable is not None:
+            return Refusal(reason, unreadable)
+        if not by_hand or dead_code(reason) in NEVER_REPLAYED:
+            return Refusal(reason, f"entry {entry.id} is dead ({reason})")
+    elif unreadable is not None:
+        return Refusal(entry.dead_reason or "undecodable", unreadable)
     app = runtime.app
     # Publishing goes by name and needs no registration here: a task this process lacks (a
     # drain on a worker that serves other queues) is sent as it is. Only the arguments' check
@@ -65,6 +77,13 @@ def preflight(
     if expires is not None and expires <= now:
         when = datetime.fromtimestamp(expires, tz=timezone.utc).isoformat()
         return Refusal("expired", f"{entry.task_name}[{entry.task_id}] expired at {when}")
+    if not by_hand and entry.expires_at is not None and entry.expires_at <= now:
+        when = datetime.fromtimestamp(entry.expires_at, tz=timezone.utc).isoformat()
+        return Refusal(
+            STALE,
+            f"entry {entry.id}'s signed lifetime ended at {when}: a drain can no longer tell it "
+            "from a copy of one it published (replay it by hand if it is still wanted)",
+        )
     return None
 
 
@@ -114,34 +133,6 @@ def drain_refusal(runtime: Runtime, name: str, entry: ParkedTask, now: float) ->
         # around the gate of its own breaker.
         return Refusal(TAMPERED, f"entry {entry.id} sits under breaker {name!r}")
     return None
-
-
-_loaded: weakref.WeakSet[Any] = weakref.WeakSet()
-_loading = threading.Lock()
-
-
-def load_task_modules(app: Any) -> None:
-    """Import the app's task modules once, as its workers do at start (again after a failure).
-
-    A process that is not a worker (the CLI, a web process) has not run autodiscovery: a task
-    found only that way would look absent there, and its arguments go unchecked.
-    """
-    with _loading:
-        if app in _loaded:
-            return
-        try:
-            app.loader.import_default_modules()
-        except Exception:  # a broken task module: its tasks stay unknown, and that is reported
-            logger.exception("Could not import the task modules of app %r", app.main)
-            return
-        _loaded.add(app)
-
-
-def is_registered(app: Any, name: str) -> bool:
-    """Whether ``app`` knows the task, after loading its task modules as a worker does."""
-    if name not in app.tasks:
-        load_task_modules(app)
-    return name in app.tasks
 
 
 def check_arguments(runtime: Runtime, entry: ParkedTask) -> None:

@@ -14,7 +14,7 @@ in the queue: the default leaves room for them (``config.DEFAULT_MAX_QUEUE_DEPTH
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 from kombu.transport.virtual import Channel as VirtualChannel
 
@@ -52,7 +52,7 @@ def queue_depth(app: Any, queue: str) -> int:
             # The transport's own count (Redis: LLEN of the queue's list and of each priority
             # list). Not its passive declare: on Redis that asks EXISTS, which kombu's
             # ``global_keyprefix`` does not cover, so a prefixed queue would always look absent.
-            return int(channel._size(queue))  # type: ignore[no-untyped-call]
+            return int(cast(Any, channel)._size(queue))
         # A failed passive declare closes an AMQP channel: use one of its own.
         channel = connection.channel()
         try:

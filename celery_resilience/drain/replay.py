@@ -1,11 +1,18 @@
 """A replay on demand: one entry published now, whatever its breaker says (a person asked).
 
 It takes the drain's lock, so that a drain and a person never send one entry twice.
+
+An entry found to be a copy of one already published is marked dead ``replayed`` and refused,
+as a drain does. Once dead ``replayed``, a person may still send it (never a drain): the
+memory that judged it may be wrong (a clock that went back, the database store's host
+clocks), and a person may know its task did not run. It is sent with a warning: its task may
+run twice.
 """
 
 from __future__ import annotations
 
 from ..backout.entry import ParkedTask
+from ..backout.lifetime import REPLAYED, Consumed, replayed_copy
 from ..backout.store import breaker_key, counter_scope, dead_code
 from ..backout.trust import TAMPERED, UNSIGNED
 from ..errors import DrainBusy, EntryNotFound, NotReplayable
@@ -39,11 +46,23 @@ def replay(runtime: Runtime, entry_id: str) -> ParkedTask:
     with drain_lock(runtime, REPLAY_LEASE, wait=REPLAY_WAIT) as lock:
         if lock is None:
             raise DrainBusy("a drain holds the lock; try again in a moment")
+        # What the ack writes: a user that may not write it is refused before the publish.
+        store.forget_consumed()
         entry = store.get(entry_id)
         if entry is None:
             raise EntryNotFound(entry_id)
-        refusal = preflight(runtime, entry, runtime.now(), by_hand=True)
+        now = runtime.now()
+        copy = marked_copy(entry)
+        if not copy and replayed_copy(entry, store.consumed([entry_id])):
+            store.mark_dead(entry_id, REPLAYED)
+            raise NotReplayable(
+                f"entry {entry_id} is a copy of one already published (now dead: {REPLAYED}); "
+                "replay it again only if you know its task did not run: it may run twice"
+            )
+        refusal = preflight(runtime, entry, now, by_hand=True)
         if refusal is not None:
+            if refusal.held:  # another process may send it: left as it is
+                raise NotReplayable(f"entry {entry_id} is {refusal.message}")
             if refusal.dead_reason == "expired" and store.mark_dead(entry_id, "expired"):
                 fail_task(runtime, entry, refusal.dead_reason)
             elif dead_code(refusal.dead_reason) in (TAMPERED, UNSIGNED):
@@ -52,8 +71,23 @@ def replay(runtime: Runtime, entry_id: str) -> ParkedTask:
         publish(runtime, entry)
         with replay_dispatcher(runtime.app) as events:
             events.replayed(entry)
-        store.delete(entry_id)
-        scope = counter_scope(breaker_key(entry.breaker), runtime.config.family_of)
+        name = breaker_key(entry.breaker)
+        store.ack(name, [entry_id], [Consumed.of(entry, now, runtime.config.entry_lifetime)])
+        scope = counter_scope(name, runtime.config.family_of)
         store.bump({f"replayed|{scope}": 1})
     logger.warning("Replayed %s[%s] (entry %s)", entry.task_name, entry.task_id, entry_id)
+    if copy:
+        logger.warning("%s: %s", entry_id, COPY_WARNING)
     return entry
+
+
+#: What a person hears when a copy marked ``replayed`` is sent by hand.
+COPY_WARNING = (
+    "it was marked a copy of an entry already published (dead replayed): if that one ran, its "
+    "task runs twice"
+)
+
+
+def marked_copy(entry: ParkedTask) -> bool:
+    """Whether ``entry`` is dead as a copy of an entry already published."""
+    return entry.status == "dead" and dead_code(entry.dead_reason) == REPLAYED

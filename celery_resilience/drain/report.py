@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..backout.store import FamilyOf, counter_scope
+
+if TYPE_CHECKING:
+    from .batch import BatchOutcome
 
 
 @dataclass
@@ -17,8 +20,14 @@ class DrainReport:
     replayed: int = 0
     skipped: int = 0
     dead: int = 0
+    #: Entries left parked for a process that can read them (a key this one lacks, a newer
+    #: release's format): due again later, never dead.
+    held: int = 0
     errors: int = 0
     locked: bool = False  # another drain held the lock: this one did nothing
+    #: Why Redis refused this process's user the drain (``NOPERM``): it published nothing
+    #: more; ``None`` when it did not.
+    denied: str | None = None
     duration: float = 0.0
     #: Seconds after which another pass has work (entries left that the pace, the queue or
     #: the breaker held back); ``None``: nothing to do before the next beat tick.
@@ -30,6 +39,26 @@ class DrainReport:
     def as_dict(self) -> dict[str, Any]:
         """The report as plain data (the ``celery_resilience.drain`` task's result)."""
         return asdict(self)
+
+
+def tally(report: DrainReport, name: str, outcome: BatchOutcome) -> None:
+    """Count a batch of breaker ``name`` in the run's report."""
+    stats = report.breakers[name]
+    stats["replayed"] += outcome.published
+    stats["dead"] += outcome.dead
+    report.replayed += outcome.published
+    report.dead += outcome.dead
+    report.held += outcome.held
+    for key, n in outcome.dead_reasons.items():
+        report.dead_reasons[key] = report.dead_reasons.get(key, 0) + n
+    if outcome.down:
+        report.errors += 1
+
+
+def left_due(report: DrainReport, name: str, left: int) -> None:
+    """Count the ``left`` entries of breaker ``name`` still due after the run replayed its."""
+    report.breakers[name]["skipped"] = left
+    report.skipped += left
 
 
 def counters(report: DrainReport, family_of: FamilyOf) -> dict[str, float]:

@@ -17,10 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..backout.redis_keys import BackoutKeys
+from ..backout.redis.keys import BackoutKeys
 from ..redis_io import unavailable
 from ..runtime import Runtime
-from .pace import pace_key
+from .pace_store import pace_key
 
 #: The drain task's record outlives this many seconds of silence (then it reads "never").
 RAN_TTL = 7 * 24 * 3600.0
@@ -79,6 +79,15 @@ def mark_ran(runtime: Runtime) -> None:
 def last_drained(runtime: Runtime) -> float | None:
     """Epoch seconds of the last good pass, ``None`` if no drain recorded one."""
     key = last_drain_key(runtime.config.key_prefix)
+    if runtime.config.in_memory:
+        return _local.get((id(runtime), key))
+    with unavailable("drain status"):
+        return _number(runtime.redis.get(key))
+
+
+def task_last_ran(runtime: Runtime) -> float | None:
+    """Epoch seconds of the beat drain task's last run, ``None`` if none ran in ``RAN_TTL``."""
+    key = f"{_tag(runtime)}:drain-task-ran"
     if runtime.config.in_memory:
         return _local.get((id(runtime), key))
     with unavailable("drain status"):

@@ -21,9 +21,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from celery import shared_task, states
-from celery.signals import task_failure, task_postrun
-from celery_resilience import ResilientTask, backoff
+from celery import shared_task
+from celery.signals import task_failure
+from celery_resilience import ParkedTask, ResilientTask, backoff
+from celery_resilience.signals import task_parked
 from django.db.models import F
 
 from . import payments
@@ -45,6 +46,9 @@ CHARGE_TASK = "orders.charge_order"
     # A hung gateway call ends here at the latest: counted as a breaker failure and retried or
     # parked like a timeout, never a FAILURE (the client's own timeout normally ends it first).
     soft_time_limit=1.5,
+    # And the pool child is killed here at the latest: the claim on the task id (deduplicate)
+    # lasts this plus 10 s, not resilience_dedup_lease (600 s), should the worker die whole.
+    time_limit=5.0,
 )
 def charge_order(self: ResilientTask, order_id: int) -> dict[str, Any]:
     order = Order.objects.get(pk=order_id)
@@ -64,15 +68,16 @@ def _order_id(args: Any, kwargs: Any) -> Any:
     return args[0] if args else (kwargs or {}).get("order_id")
 
 
-# A parked delivery ends with Celery's Ignore (state IGNORED): its message is acked, its entry
-# is in the back-out store. A delivery skipped because it already succeeded ends the same way,
-# but its order is charged: only a pending order becomes "parked".
-@task_postrun.connect(dispatch_uid="orders.note_parked")
-def _note_parked(task: Any = None, args: Any = None, kwargs: Any = None, **info: Any) -> None:
-    if getattr(task, "name", None) == CHARGE_TASK and info.get("state") == states.IGNORED:
-        Order.objects.filter(pk=_order_id(args, kwargs), status=Order.Status.PENDING).update(
-            status=Order.Status.PARKED
-        )
+# An order is "parked" when its charge is in the back-out store: the package's task_parked
+# signal says so once the entry is stored. (Celery's IGNORED state says less: a delivery that
+# waits in the broker for a claim on its task id, or is skipped because it already succeeded,
+# ends with Ignore too.) Only a pending order becomes "parked".
+@task_parked.connect(dispatch_uid="orders.note_parked")
+def _note_parked(sender: Any = None, entry: ParkedTask | None = None, **_: Any) -> None:
+    if getattr(sender, "name", None) == CHARGE_TASK and entry is not None:
+        Order.objects.filter(
+            pk=_order_id(entry.args, entry.kwargs), status=Order.Status.PENDING
+        ).update(status=Order.Status.PARKED)
 
 
 @task_failure.connect(dispatch_uid="orders.note_failed")

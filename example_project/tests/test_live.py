@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from decimal import Decimal
 from pathlib import Path
@@ -22,6 +23,7 @@ from typing import Any
 
 import pytest
 import redis
+from celery_resilience.breaker.store import DeliveryQuestions
 from celery_resilience.contrib.pytest import ResilienceHarness
 
 from gateway import Gateway
@@ -95,7 +97,10 @@ def live(
     prefix = harness.resilience.runtime.config.key_prefix
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT), os.environ.get("PYTHONPATH")])),
+        # The shop, and the package of this checkout (the one the tests import).
+        "PYTHONPATH": os.pathsep.join(
+            filter(None, [str(PROJECT), str(PROJECT.parent), os.environ.get("PYTHONPATH")])
+        ),
         "SHOP_BROKER_URL": REDIS_URL,
         "SHOP_RESILIENCE_REDIS_URL": REDIS_URL,
         "SHOP_KEY_PREFIX": prefix,
@@ -157,3 +162,32 @@ def test_a_gateway_outage_with_a_real_worker_and_beat_charges_every_order_once(
     assert shop.breaker("payments").snapshot()["opened_total"] >= 1
     worker_log = processes.logs[0].read_text()
     assert "celery_resilience.drain[" in worker_log
+
+
+def test_an_order_whose_charge_waits_for_a_claim_is_not_marked_parked(
+    live: tuple[ResilienceHarness, Shop, Any], gateway: Gateway
+) -> None:
+    # Given another delivery of a charge's task id holding its claim (deduplicate) for 8 s
+    shop, processes, connection = live
+    runtime = shop.resilience.runtime
+    order = Order.objects.create(amount=Decimal("9.99"))
+    task_id = f"charge-{uuid.uuid4().hex[:8]}"
+    holder = DeliveryQuestions(task_id, 0, check_done=True, claim="another", lease_us=8_000_000)
+    assert runtime.deliver("payments", holder).skip == ""  # it claimed the id
+
+    # When the charge is delivered meanwhile: it waits in the broker for the claim
+    charge_order.apply_async((order.pk,), task_id=task_id, connection=connection)
+    waits = f"Task orders.charge_order[{task_id}]: task id"
+    wait_for(
+        "the charge to wait", lambda: waits in processes.logs[0].read_text(), 30, processes.logs
+    )
+
+    # Then the order is not "parked" (nothing is in the store), and is charged once the claim
+    # ends
+    time.sleep(0.5)  # the delivery's end (Celery's Ignore) has been handled
+    order.refresh_from_db()
+    assert (order.status, shop.parked()) == ("pending", [])
+    assert runtime.claim_left("payments", task_id) > 0
+    charged = lambda: Order.objects.get(pk=order.pk).status == "charged"  # noqa: E731
+    wait_for("the order charged", charged, 45, processes.logs)
+    assert gateway.ledger()["charges"] == {str(order.pk): 1}

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import time
 from collections.abc import Mapping
@@ -83,6 +84,18 @@ def settings(env: Mapping[str, str]) -> dict[str, Any]:
         # "1": the queue is a RabbitMQ quorum queue behind a topic exchange (Celery 5.5's native
         # delayed delivery holds countdowns in the broker then).
         "quorum": env.get("WORKERAPP_QUORUM", "") == "1",
+        # What people and logs may read: resilience_sensitive_keys (comma-separated) and
+        # resilience_error_text (unset: the package's default).
+        "sensitive_keys": [k for k in env.get("WORKERAPP_SENSITIVE_KEYS", "").split(",") if k],
+        "error_text": env.get("WORKERAPP_ERROR_TEXT"),
+        # The breaker's retry budget (unset: off), its floor (retries a second) and window.
+        "retry_budget": env.get("WORKERAPP_RETRY_BUDGET"),
+        "min_retries_per_second": float(env.get("WORKERAPP_MIN_RETRIES_PER_SECOND", "10")),
+        "window": float(env.get("WORKERAPP_WINDOW", "60")),
+        # The breaker's fleet-wide rate limit ("5/s"; unset: off).
+        "rate_limit": env.get("WORKERAPP_RATE_LIMIT"),
+        # The result backend's serializer ("json" or "pickle").
+        "result_serializer": env.get("WORKERAPP_RESULT_SERIALIZER", "json"),
     }
 
 
@@ -129,7 +142,11 @@ def make_app(env: Mapping[str, str]) -> Celery:
         resilience_park_attempts=s["park_attempts"],
         resilience_on_redis_error=s["on_redis_error"],
         resilience_breakers={
-            "dep": {"failure_threshold": s["failure_threshold"], "open_timeout": s["open_timeout"]}
+            "dep": {
+                "failure_threshold": s["failure_threshold"],
+                "open_timeout": s["open_timeout"],
+                "window": s["window"],
+            }
         },
     )
     if s["quorum"]:
@@ -142,6 +159,11 @@ def make_app(env: Mapping[str, str]) -> Celery:
         }
     if s["max_concurrent_calls"] is not None:
         app.conf.resilience_breakers["dep"]["max_concurrent_calls"] = int(s["max_concurrent_calls"])
+    if s["retry_budget"] is not None:
+        app.conf.resilience_breakers["dep"]["retry_budget"] = float(s["retry_budget"])
+        app.conf.resilience_breakers["dep"]["min_retries_per_second"] = s["min_retries_per_second"]
+    if s["rate_limit"] is not None:
+        app.conf.resilience_breakers["dep"]["rate_limit"] = s["rate_limit"]
     if s["store_msgpack"]:
         app.conf.accept_content = ["json", "msgpack"]
         app.conf.resilience_serializer = "msgpack"
@@ -149,6 +171,11 @@ def make_app(env: Mapping[str, str]) -> Celery:
         app.conf.resilience_max_countdown = s["max_countdown"]
     app.conf.resilience_signing_key = s["signing_key"]
     app.conf.resilience_encryption_key = s["encryption_key"]
+    app.conf.resilience_sensitive_keys = s["sensitive_keys"]
+    app.conf.resilience_error_text = s["error_text"]
+    if s["result_serializer"] != "json":
+        app.conf.result_serializer = s["result_serializer"]
+        app.conf.result_accept_content = ["json", s["result_serializer"]]
     if s["dedup_lease"] is not None:
         app.conf.resilience_dedup_lease = float(s["dedup_lease"])
     define_tasks(app, s)
@@ -166,6 +193,18 @@ def client(url: str) -> redis.Redis:
 def redis_now(r: redis.Redis) -> float:
     seconds, micros = r.time()
     return float(seconds) + micros / 1_000_000
+
+
+class GatewayError(Exception):
+    """A dependency's error built from more than a message, shown through its own attributes
+    (as HTTP clients' errors are)."""
+
+    def __init__(self, code: int, text: str) -> None:
+        super().__init__(code, text)
+        self.code = code
+
+    def __str__(self) -> str:
+        return f"gateway {self.code}: {self.args[1]}"
 
 
 def call_dependency(r: redis.Redis, prefix: str, task: Any, order_id: str) -> None:
@@ -307,7 +346,57 @@ def define_tasks(app: Celery, s: Mapping[str, Any]) -> None:
         r.sadd(succeeded, self.request.id)
         return order_id
 
+    define_overload_tasks(app, s, guarded)
+    define_gateway_task(app, prefix, url, guarded)
     define_once_tasks(app, prefix, url, resilient)
+    define_beating_task(app, prefix, url, s["time_limit"], resilient)
+
+
+class TooManyRequests(Exception):
+    """A 429: the dependency says when to come back (``retry_after``, seconds)."""
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+def define_overload_tasks(app: Celery, s: Mapping[str, Any], guarded: Mapping[str, Any]) -> None:
+    """``workerapp.brownout``: a call that fails for a share of its attempts
+    (``<P>:dep:fail_share``), drawn from (task id, retries) so that a run repeats;
+    ``workerapp.throttled``: a first attempt answered with a 429 saying "come back in
+    ``<P>:dep:retry_after`` seconds", then a success. Both call the fake dependency (counted
+    and logged, with the attempt's retries)."""
+    prefix, url = s["prefix"], s["ledger"]
+
+    def succeed(r: redis.Redis, task_id: str) -> None:
+        with r.pipeline() as pipe:
+            pipe.sadd(f"{prefix}:ledger:succeeded", task_id)
+            pipe.hincrby(f"{prefix}:ledger:runs", task_id, 1)
+            pipe.execute()
+
+    @app.task(name="workerapp.brownout", call_timeout=1.0, **guarded)
+    def brownout(self: Any, order_id: str) -> str:
+        r = client(url)
+        call_dependency(r, prefix, self, order_id)
+        share = float(r.get(f"{prefix}:dep:fail_share") or 0)
+        if random.Random(f"{self.request.id}:{self.request.retries}").random() < share:
+            raise ConnectionError(f"brownout (order {order_id})")
+        succeed(r, self.request.id)
+        return order_id
+
+    @app.task(
+        name="workerapp.throttled",
+        call_timeout=1.0,
+        **{**guarded, "retry_on": (ConnectionError, TooManyRequests)},
+    )
+    def throttled(self: Any, order_id: str) -> str:
+        r = client(url)
+        call_dependency(r, prefix, self, order_id)
+        if not self.request.retries:
+            wait = float(r.get(f"{prefix}:dep:retry_after") or 0)
+            raise TooManyRequests(f"429 (order {order_id})", retry_after=wait)
+        succeed(r, self.request.id)
+        return order_id
 
 
 def define_webhook(app: Celery, s: Mapping[str, Any], resilient: Mapping[str, Any]) -> None:
@@ -333,9 +422,25 @@ def define_webhook(app: Celery, s: Mapping[str, Any], resilient: Mapping[str, An
         return host
 
 
+def define_gateway_task(app: Celery, prefix: str, url: str, guarded: Mapping[str, Any]) -> None:
+    """``workerapp.gateway``: fails with :class:`GatewayError`, a type with its own arguments."""
+    succeeded = f"{prefix}:ledger:succeeded"
+
+    @app.task(name="workerapp.gateway", **{**guarded, "retry_on": (GatewayError,)})
+    def gateway(self: Any, order_id: str) -> bool:
+        """Fails with :class:`GatewayError` (which quotes the order) while ``<P>:gateway:fails``
+        counts down from above 0."""
+        if client(url).decr(f"{prefix}:gateway:fails") >= 0:
+            raise GatewayError(502, f"order {order_id} refused")
+        client(url).sadd(succeeded, self.request.id)
+        return True
+
+
 def define_once_tasks(app: Celery, prefix: str, url: str, options: Mapping[str, Any]) -> None:
     """``workerapp.once`` and ``workerapp.once_dep``: ``deduplicate=True`` without a breaker
-    (``deliver.lua``) and with one (``acquire.lua``)."""
+    (``deliver.lua``) and with one (``acquire.lua``); ``workerapp.once_slot``: the same body
+    through the breaker without ``deduplicate`` (what its bulkhead slot alone does);
+    ``workerapp.once_order`` and ``once_order_dep``: ``deduplicate="order:{order_id}"``."""
 
     def run_once(self: Any, order_id: str, seconds: float) -> str:
         """Counts its runs per task id (``<P>:once:runs``) and logs each start; only the first
@@ -351,6 +456,46 @@ def define_once_tasks(app: Celery, prefix: str, url: str, options: Mapping[str, 
 
     app.task(name="workerapp.once", deduplicate=True, **options)(run_once)
     app.task(name="workerapp.once_dep", breaker="dep", deduplicate=True, **options)(run_once)
+    app.task(name="workerapp.once_slot", breaker="dep", **options)(run_once)
+
+    def charge_order(self: Any, order_id: str, seconds: float) -> str:
+        """Counts its runs per order (``<P>:once:orders``), taking ``seconds`` each."""
+        r = client(url)
+        r.hincrby(f"{prefix}:once:orders", order_id, 1)
+        time.sleep(seconds)
+        r.sadd(f"{prefix}:ledger:succeeded", self.request.id)
+        return order_id
+
+    # One order's body runs once, whatever the task ids (a dedup key from the arguments).
+    for name, breaker in (("once_order", None), ("once_order_dep", "dep")):
+        key = "order:{order_id}"
+        app.task(name=f"workerapp.{name}", breaker=breaker, deduplicate=key, **options)(
+            charge_order
+        )
+
+
+def define_beating_task(
+    app: Celery, prefix: str, url: str, time_limit: float, options: Mapping[str, Any]
+) -> None:
+    """``workerapp.beating``: ``deduplicate=True`` through the breaker, under a hard time limit;
+    each run of a task id leaves a heartbeat (Redis time) in ``<P>:beats:<task id>:<run>``
+    every 50 ms while it runs: when a body stopped is known to the millisecond."""
+
+    @app.task(
+        name="workerapp.beating", breaker="dep", deduplicate=True, time_limit=time_limit, **options
+    )
+    def beating(self: Any, seconds: float) -> int:
+        """Only the first run of an id takes ``seconds``."""
+        r = client(url)
+        n = int(r.hincrby(f"{prefix}:beats:runs", self.request.id, 1))
+        deadline = time.monotonic() + (seconds if n == 1 else 0.0)
+        while True:
+            r.rpush(f"{prefix}:beats:{self.request.id}:{n}", redis_now(r))
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
+        r.sadd(f"{prefix}:ledger:succeeded", self.request.id)
+        return n
 
 
 app = make_app(os.environ)

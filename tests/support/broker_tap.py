@@ -20,10 +20,11 @@ import threading
 import uuid
 from collections import defaultdict
 from collections.abc import Iterable
+from typing import Any, cast
 
 import redis
 
-from .worker_process import wait_until
+from .waiting import wait_for
 
 PUSHES = ("LPUSH", "RPUSH")
 TASK_ID = re.compile(r'"id": "(?P<id>[^"]+)"')
@@ -47,7 +48,7 @@ class BrokerTap:
         self._started = threading.Event()
         self._thread = threading.Thread(target=self._run, name="broker-tap", daemon=True)
         self._thread.start()
-        wait_until(self._started.is_set, "the broker's MONITOR to start", 10)
+        wait_for(self._started.is_set, "the broker's MONITOR to start", 10)
         self.sync()
 
     def _run(self) -> None:
@@ -59,7 +60,7 @@ class BrokerTap:
             connection_pool=redis.ConnectionPool(connection_class=pool.connection_class, **options)
         )
         try:
-            with client.monitor() as monitor:  # type: ignore[no-untyped-call]  # redis-py's
+            with cast(Any, client).monitor() as monitor:  # annotated in some releases only
                 self._started.set()
                 while not self._stop.is_set():
                     try:
@@ -98,7 +99,7 @@ class BrokerTap:
         """Return once the tap has read every command the broker ran before this call."""
         marker = f"broker-tap-{uuid.uuid4().hex}"
         self.broker.echo(marker)
-        wait_until(lambda: marker in self._markers, "the tap to catch up with the broker", 10)
+        wait_for(lambda: marker in self._markers, "the tap to catch up with the broker", 10)
 
     def messages(self, ids: Iterable[str]) -> dict[str, int]:
         """Task id -> messages published for it so far (restores of one message count once)."""

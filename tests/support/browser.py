@@ -18,14 +18,14 @@ import shutil
 import sqlite3
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.error import URLError
 from urllib.request import urlopen
 
 from example_project.demo import GatewayProcess, Processes, free_port
+
+from .waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "example_project"
@@ -89,18 +89,6 @@ def keep_for_docs(name: str, content: bytes | str) -> None:
         path.write_bytes(content)
     else:
         path.write_text(content)
-
-
-def wait_for(what: str, check: Callable[[], T | None], timeout: float, poll: float = 0.1) -> T:
-    """``check()``'s first truthy value; AssertionError naming ``what`` after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what} ({value!r})")
-        time.sleep(poll)
 
 
 class Shop:
@@ -174,7 +162,7 @@ class Shop:
                 raise AssertionError(f"the worker exited:\n{self.log('worker')}")
             return " ready." in self.log("worker")
 
-        wait_for("the worker's 'ready' line", ready, timeout)
+        wait_for(ready, "the worker's 'ready' line", timeout, poll=0.1)
 
     def start_admin(self) -> subprocess.Popen[bytes]:
         """``manage.py runserver`` on a free loopback port (no autoreloader: one process)."""
@@ -193,7 +181,7 @@ class Shop:
             except (URLError, ConnectionError, TimeoutError):
                 return False
 
-        wait_for("the admin's login page", answers, timeout)
+        wait_for(answers, "the admin's login page", timeout, poll=0.1)
 
     def log(self, name: str) -> str:
         path = self.workdir / f"{name}.log"

@@ -193,10 +193,15 @@ def _destroy(alias: str) -> None:
 
 def clear(alias: str) -> None:
     """Empty the store's tables in our test database of ``alias``."""
-    from celery_resilience.contrib.django.models import ParkedTaskRecord, ResilienceStat
+    from celery_resilience.contrib.django.models import (
+        ConsumedEntry,
+        ParkedTaskRecord,
+        ResilienceStat,
+    )
 
     ParkedTaskRecord.objects.using(alias).all().delete()
     ResilienceStat.objects.using(alias).all().delete()
+    ConsumedEntry.objects.using(alias).all().delete()
 
 
 # -- the contract suite (tests/test_backout_store.py) ---------------------------------------

@@ -55,7 +55,7 @@ class FaultProxy:
         self._lock = threading.Condition()
         self._links: list[_Link] = []
         self._blackhole = False
-        self._hold: bytes | None = None
+        self._hold: tuple[bytes, ...] | None = None
         self._cut: bytes | None = None
         self.matched = threading.Event()  # a held or cut pattern was seen
         self._running = True
@@ -70,11 +70,12 @@ class FaultProxy:
         with self._lock:
             self._blackhole = True
 
-    def hold_on(self, pattern: bytes) -> threading.Event:
-        """Hold the first client chunk containing ``pattern`` (and its connection after it)."""
+    def hold_on(self, *patterns: bytes) -> threading.Event:
+        """Hold the first client chunk containing every one of ``patterns`` (and its connection
+        after it)."""
         with self._lock:
             self.matched.clear()
-            self._hold = pattern
+            self._hold = patterns
         return self.matched
 
     def cut_reply_on(self, pattern: bytes) -> threading.Event:
@@ -140,7 +141,7 @@ class FaultProxy:
                 self._close(link)
                 return
             with self._lock:
-                if self._hold is not None and self._hold in data:
+                if self._hold is not None and all(p in data for p in self._hold):
                     self._hold = None
                     link.holding = True
                     self.matched.set()
@@ -215,11 +216,11 @@ class FaultProxy:
 def script_sha(path: str) -> bytes:
     """The SHA1 Redis knows a package script by (what EVALSHA carries), as bytes.
 
-    ``path`` is relative to the package, e.g. ``backout/lua/park.lua``; with the prelude and
+    ``path`` is relative to the package, e.g. ``backout/redis/lua/park.lua``; with the prelude and
     head it is loaded with (``redis_io.script_source``).
     """
     folder, name = path.removesuffix(".lua").split("/lua/")
-    text = script_source(f"celery_resilience.{folder}", name)
+    text = script_source("celery_resilience." + folder.replace("/", "."), name)
     return hashlib.sha1(text.encode()).hexdigest().encode()
 
 
@@ -243,7 +244,7 @@ def make_user(admin: redis.Redis, user: str, password: str) -> None:
 
 def command(admin: redis.Redis, *args: str) -> Any:
     """``admin.execute_command(*args)``, which redis-py leaves untyped."""
-    return admin.execute_command(*args)  # type: ignore[no-untyped-call]
+    return cast(Any, admin).execute_command(*args)  # redis-py's annotations vary by release
 
 
 @contextlib.contextmanager

@@ -32,7 +32,7 @@ import subprocess
 import sys
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -48,19 +48,18 @@ from tests.apps.workerapp import broker_keyprefix, make_app
 from .broker_tap import BrokerTap
 from .faults import FaultProxy, make_user
 from .redis_server import RedisServer
-from .worker_process import WorkerProcess, force_open_for_workers, wait_until
+from .waiting import wait_for
+from .worker_process import WorkerProcess, force_open_for_workers
 
 ROOT = Path(__file__).resolve().parents[2]
 USER, PASSWORD = "worker", "worker-secret"
-SETTLE_TIMEOUT = 30.0
+#: Seconds a cell waits for the world to reach what it expects: a deadline, not a pause (a cell
+#: goes on as soon as it holds), far above the few seconds it needs on a quiet host.
+SETTLE_TIMEOUT = 90.0
 #: Ledger rows of every cell run in this session, printed at its end (and for the docs).
 TABLE: list[dict[str, Any]] = []
 #: Where to write the rows as JSON lines, when set.
 TABLE_ENV = "RESILIENCE_MATRIX_TABLE"
-
-
-def wait_for(predicate: Callable[[], Any], what: str, timeout: float = SETTLE_TIMEOUT) -> Any:
-    return wait_until(predicate, what, timeout)
 
 
 @dataclass
@@ -314,7 +313,7 @@ class MatrixWorld:
             ]
             return not open_ids or not (set(open_ids) - self.failed(open_ids))
 
-        wait_for(home, f"{cell}: every id to succeed, die or fail")
+        wait_for(home, f"{cell}: every id to succeed, die or fail", SETTLE_TIMEOUT)
         return self.ledger_of(cell, ids, during or {})
 
     def ledger_of(self, cell: str, ids: list[str], during: dict[str, int]) -> Ledger:
@@ -324,6 +323,7 @@ class MatrixWorld:
         wait_for(
             lambda: not self.tap.pending(ids) and not self.in_broker(ids),
             f"{cell}: every message acked, none left in the broker",
+            SETTLE_TIMEOUT,
         )
         return Ledger(
             cell,

@@ -15,7 +15,7 @@ from types import TracebackType
 import redis
 
 from tests.support.redis_server import RedisServer, free_port
-from tests.support.worker_process import wait_until
+from tests.support.waiting import wait_for
 
 REDIS_CLI = "/usr/bin/redis-cli" if Path("/usr/bin/redis-cli").exists() else "redis-cli"
 NODE_ARGS = (
@@ -69,7 +69,7 @@ class RedisClusterServers:
         addresses = [f"127.0.0.1:{n.port}" for n in self.primaries]
         cli("--cluster", "create", *addresses, "--cluster-replicas", "0", "--cluster-yes")
         for node in self.primaries:
-            wait_until(lambda n=node: self._ok(n), f"cluster_state:ok on {node.port}", 30)  # type: ignore[misc]
+            wait_for(lambda n=node: self._ok(n), f"cluster_state:ok on {node.port}", 30)  # type: ignore[misc]
         return self
 
     def _ok(self, node: RedisServer) -> bool:
@@ -100,25 +100,25 @@ class RedisClusterServers:
         with replica.client() as client:
             meet = ("MEET", "127.0.0.1", primary.port, self.bus[primary.port])
             client.execute_command("CLUSTER", *meet)
-            wait_until(
+            wait_for(
                 lambda: primary_id.encode() in client.execute_command("CLUSTER", "NODES"),
                 "the new node to learn of the primary",
                 15,
             )
             client.execute_command("CLUSTER", "REPLICATE", primary_id)
-            wait_until(
+            wait_for(
                 lambda: client.info("replication").get("master_link_status") == "up",
                 "the replica's link to its primary",
                 15,
             )
         with primary.client() as client:
-            wait_until(
+            wait_for(
                 lambda: client.info("replication").get("connected_slaves") == 1,
                 "the primary to count its replica",
                 15,
             )
             # Counted is not yet in sync (state wait_bgsave, send_bulk): a write it acknowledged.
-            wait_until(
+            wait_for(
                 lambda: client.wait(1, 100) == 1,
                 "the replica to acknowledge a write",
                 15,

@@ -17,7 +17,7 @@ from types import TracebackType
 import redis
 
 from tests.support.redis_server import REDIS_SERVER, RedisServer
-from tests.support.worker_process import wait_until
+from tests.support.waiting import wait_for
 
 MASTER_NAME = "resilience-primary"
 #: Either server may become the primary: both start a replica's sync at once.
@@ -77,8 +77,8 @@ class SentinelDeployment:
         # The sentinel reads a replica's INFO every 10 s: the replica's link may read "err" at
         # its first look (its sync not yet done) and "ok" only at a later one, on a loaded host
         # two or three periods later.
-        wait_until(self._replica_known, "the sentinel to know the replica", 45)
-        wait_until(self._replica_in_sync, "the replica to acknowledge a write", 20)
+        wait_for(self._replica_known, "the sentinel to know the replica", 45)
+        wait_for(self._replica_in_sync, "the replica to acknowledge a write", 20)
         return self
 
     def _replica_in_sync(self) -> bool:

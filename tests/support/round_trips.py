@@ -6,6 +6,7 @@ its own command counts say nothing of one process: count at the breaker's client
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from celery_resilience.breaker import Breaker
@@ -24,3 +25,14 @@ class RoundTrips:
             return send(*args, **kwargs)
 
         client.execute_command = counted
+
+
+def known(breaker: Breaker) -> Breaker:
+    """Wait until the process knows the breaker for sure (its watch is live, its view learnt):
+    from then on a closed breaker admits without a round trip and successes are held back."""
+    deadline = time.monotonic() + 30.0
+    while breaker._knowledge.admits(breaker.name) is None:
+        assert time.monotonic() < deadline, "the breaker's view was never learnt"
+        breaker.acquire().release()
+        time.sleep(0.005)
+    return breaker

@@ -13,9 +13,8 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from celery_resilience.breaker import Breaker
 from celery_resilience.breaker.knowledge import MAX_KNOWLEDGE_AGE
@@ -31,21 +30,6 @@ def force_open_for_workers(breaker: Breaker) -> None:
     change within milliseconds, but a loaded host can run the task first)."""
     breaker.force_open()
     time.sleep(MAX_KNOWLEDGE_AGE)
-
-
-def wait_until(
-    predicate: Callable[[], Any], what: str, timeout: float = 20.0, poll: float = 0.05
-) -> Any:
-    """Poll ``predicate`` until it returns something true (returned); ``AssertionError`` naming
-    ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(poll)
 
 
 def spawn(
@@ -74,12 +58,14 @@ class WorkerProcess:
         pool: str = "solo",
         concurrency: int = 1,
         app: str = "tests.apps.workerapp",
+        options: Sequence[str] = (),
     ) -> None:
         self.env = {**os.environ, **env}
         self.log_path = log_path
         self.pool = pool
         self.concurrency = concurrency
         self.app = app
+        self.options = list(options)  # more of the worker's command line (``--time-limit 30``)
         self.queue = env["WORKERAPP_QUEUE"]
         self.hostname = f"w{uuid.uuid4().hex[:8]}@%h"
         self.process: subprocess.Popen[bytes] | None = None
@@ -95,6 +81,7 @@ class WorkerProcess:
             sys.executable, "-m", "celery", "-A", self.app, "worker",
             "-P", self.pool, "-c", str(self.concurrency), "-Q", self.queue, "-n", self.hostname,
             "--without-heartbeat", "--without-gossip", "--without-mingle", "-l", "info",
+            *self.options,
         ]  # fmt: skip
 
     def start(self, timeout: float = READY_TIMEOUT) -> WorkerProcess:

@@ -3,7 +3,10 @@
 -- types.py: Limits.argv() gives ARGV[2..11], BreakerState the hash); keep them in step.
 --
 -- KEYS[1]  {prefix:breaker:NAME}:state   hash: state, consec, opened_at, open_until, trips,
---                                         ho_succ, ver, *_total counters, be/bc/bf<slot> buckets
+--                                         ho_succ, ver, *_total counters, be/bc/bf/br<slot> buckets
+--                                         (br: retries the retry budget granted),
+--                                         rate_tat (the rate limit's GCRA, rate.lua),
+--                                         window, window_until, window_at (see hold below)
 -- KEYS[2]  {prefix:breaker:NAME}:probes  zset: probe permit id -> lease expiry (microseconds)
 -- KEYS[3]  {prefix:breaker:NAME}:calls   zset: bulkhead slots, permit id -> lease expiry
 -- ARGV[1]  now in microseconds, or "" to read Redis TIME (a pinned time is for tests only)
@@ -35,7 +38,8 @@ local FAMILY_KEY, MEMBERS_KEY, TROUBLED_KEY = KEYS[4], KEYS[5], KEYS[6]
 local IDLE_US = tonumber(ARGV[12])
 local BUCKETS, MAX_GROWTH = 10, 40
 local TOTALS = {'opened_total', 'half_opened_total', 'closed_total', 'calls_total',
-                'failures_total', 'successes_total', 'rejected_total', 'bulkhead_rejected_total'}
+                'failures_total', 'successes_total', 'rejected_total', 'bulkhead_rejected_total',
+                'retry_budget_refused_total', 'rate_limited_total'}
 
 local function read_now()
   if ARGV[1] ~= '' then return tonumber(ARGV[1]) end
@@ -69,7 +73,8 @@ end
 -- One HMGET for what most scripts touch: the scalars, the totals and this moment's bucket.
 local SLOT = math.floor(now / lim.bucket_us) % BUCKETS
 load({'state', 'consec', 'opened_at', 'open_until', 'trips', 'ho_succ', 'ver', 'epoch',
-      'calls_total', 'failures_total', 'successes_total', 'be' .. SLOT, 'bc' .. SLOT, 'bf' .. SLOT})
+      'calls_total', 'failures_total', 'successes_total', 'be' .. SLOT, 'bc' .. SLOT, 'bf' .. SLOT,
+      'br' .. SLOT})
 local function get(field)
   if not loaded[field] then load({field}) end
   return h[field]
@@ -165,48 +170,61 @@ local function save()
   end
 end
 
-local function window_counts()
+-- Calls, failures and the retry budget's retries in the window (retries only if asked).
+local function window_counts(with_retries)
   local fields = {}  -- built here, not up front: most calls never read the window
   for slot = 0, BUCKETS - 1 do
     fields[#fields + 1] = 'be' .. slot
     fields[#fields + 1] = 'bc' .. slot
     fields[#fields + 1] = 'bf' .. slot
+    if with_retries then fields[#fields + 1] = 'br' .. slot end
   end
   load(fields)
   local current = math.floor(now / lim.bucket_us)
-  local calls, failures = 0, 0
+  local calls, failures, retries = 0, 0, 0
   for slot = 0, BUCKETS - 1 do
     if num('be' .. slot, -1) > current - BUCKETS then
       calls = calls + num('bc' .. slot)
       failures = failures + num('bf' .. slot)
+      if with_retries then retries = retries + num('br' .. slot) end
     end
   end
-  return calls, failures
+  return calls, failures, retries
 end
 
-local function add_to_window(calls, failures)
+-- A bucket's br field is written only by retry.lua (a breaker without a retry budget never has
+-- one): a bucket whose epoch moves on drops it.
+local function add_to_window(calls, failures, retries)
   local epoch = math.floor(now / lim.bucket_us)
   local slot = epoch % BUCKETS
-  load({'be' .. slot, 'bc' .. slot, 'bf' .. slot})
+  load({'be' .. slot, 'bc' .. slot, 'bf' .. slot, 'br' .. slot})
   if num('be' .. slot, -1) ~= epoch then
     put('be' .. slot, epoch); put('bc' .. slot, 0); put('bf' .. slot, 0)
+    if get('br' .. slot) then put('br' .. slot, 0) end
   end
   incr('bc' .. slot, calls)
   incr('bf' .. slot, failures)
+  if retries and retries > 0 then incr('br' .. slot, retries) end
 end
 
 local function clear_counts()
   put('consec', 0); put('ho_succ', 0)
   redis.call('DEL', PROBES_KEY)
+  local retry_fields = {}
+  for slot = 0, BUCKETS - 1 do retry_fields[#retry_fields + 1] = 'br' .. slot end
+  load(retry_fields)
   for slot = 0, BUCKETS - 1 do
     put('be' .. slot, -1); put('bc' .. slot, 0); put('bf' .. slot, 0)
+    if get('br' .. slot) then put('br' .. slot, 0) end
   end
 end
 
-local function trip()
+-- least_us: a failure that said when to come back (Retry-After) keeps the breaker open that long.
+local function trip(least_us)
   put('trips', num('trips') + 1)
   local growth = 2 ^ math.min(num('trips') - 1, MAX_GROWTH)
-  local timeout = math.min(lim.open_timeout_max_us, lim.open_timeout_us * growth)
+  local timeout = math.max(least_us or 0,
+                           math.min(lim.open_timeout_max_us, lim.open_timeout_us * growth))
   clear_counts()
   put('state', 'open'); put('opened_at', now); put('open_until', now + timeout)
   incr('opened_total', 1)
@@ -218,6 +236,25 @@ local function close()
   put('state', 'closed'); put('trips', 0); put('opened_at', 0); put('open_until', 0)
   incr('closed_total', 1)
   return 'closed'
+end
+
+-- An operator's reset (model.force): a fresh closed breaker, its *_total counters kept.
+local function reset()
+  clear_counts()
+  put('state', 'closed'); put('trips', 0); put('opened_at', 0); put('open_until', 0)
+end
+
+-- The maintenance window holding the breaker forced open (model.force, maintenance.py): its id,
+-- end (microseconds, 0: not by itself) and when it was set, or none (window ''): dropped by
+-- every order of this release but the one that starts it, in that order's own script (the
+-- previous release's orders know no hold and leave it: when it was set tells it apart).
+local function hold(window, until_us)
+  if window ~= '' then
+    put('window', window); put('window_until', until_us); put('window_at', now)
+  elseif get('window') then
+    redis.call('HDEL', STATE_KEY, 'window', 'window_until', 'window_at')
+    h.window, h.window_until, h.window_at = nil, nil, nil
+  end
 end
 
 local function count(calls, failures)

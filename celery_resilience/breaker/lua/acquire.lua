@@ -7,8 +7,11 @@
 -- ARGV[18] deliveries allowed per message (0 = no limit): past it, no permit is taken
 -- KEYS[7] optional: redelivery counter of this message, {..}:delivery:<task id>:<retries>:<replays>
 --         (given only for a redelivery: deliveries = its count + 1, the first never counted)
--- KEYS[8] optional: dedup marker of this task id, {..}:done:<task id> (deduplicate=True):
---         "1" the task id succeeded, or "<token>|<lease end, µs>" a delivery runs it now
+-- KEYS[8] optional: dedup marker of this task id, {..}:done:<task id> (deduplicate=True), or of
+--         its dedup key, {..}:dedup:<task name>:<key>: "1" the task id succeeded ("1:<task id>"
+--         the key succeeded as that id), or "<token>|<lease end, µs>" a delivery runs it now
+-- KEYS[9] optional, with a dedup key in KEYS[8]: the task id's own marker, {..}:done:<task id>:
+--         "1" (it succeeded under deduplicate=True, before the task had a key) is done too
 -- ARGV[19] claim token: with KEYS[8], a permitted delivery claims the task id under it ("" none)
 -- ARGV[20] claim lease (µs): the marker names its end; the key expires then too (real time)
 -- Returns {allowed 0|1, kind "normal"|"probe"|"" (or "full": turned away because the bulkhead's
@@ -28,7 +31,8 @@ if KEYS[7] and ARGV[17] ~= '0' then
   redis.call('EXPIRE', KEYS[7], ARGV[17])
 end
 local marker = KEYS[8] and redis.call('GET', KEYS[8])
-if marker == '1' then
+local own = KEYS[9] and redis.call('GET', KEYS[9])
+if (marker and (marker == '1' or string.sub(marker, 1, 2) == '1:')) or own == '1' then
   save()
   return {0, '', state(), -1, '', deliveries, 'done', num('ver'), streak(), epoch(), family(), family_id(), family_mine()}
 end

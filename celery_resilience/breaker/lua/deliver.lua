@@ -1,8 +1,11 @@
 -- deliver: the delivery questions of a task without a breaker, in one step (no prelude: it
 -- touches no breaker). The same answers as acquire.lua gives a task with a breaker.
 -- KEYS[1] redelivery counter of this message, {..}:delivery:<task id>:<retries>:<replays>
--- KEYS[2] dedup marker of this task id, {..}:done:<task id>: "1" the task id succeeded, or
---         "<token>|<lease end, µs>" a delivery runs it now
+-- KEYS[2] dedup marker of this task id, {..}:done:<task id>, or of its dedup key,
+--         {..}:dedup:<task name>:<key>: "1" the task id succeeded ("1:<task id>" the key
+--         succeeded as that id), or "<token>|<lease end, µs>" a delivery runs it now
+-- KEYS[3] optional, with a dedup key in KEYS[2]: the task id's own marker, {..}:done:<task id>:
+--         "1" (it succeeded under deduplicate=True, before the task had a key) is done too
 -- ARGV[1] TTL (seconds) of the redelivery counter; 0: not a redelivery, nothing is counted
 -- ARGV[2] "1": look at the marker (deduplicate=True); "0": leave it alone
 -- ARGV[3] claim token ("" none);  ARGV[4] claim lease (µs)
@@ -19,7 +22,10 @@ if ARGV[1] ~= '0' then
   redis.call('EXPIRE', KEYS[1], ARGV[1])
 end
 local marker = ARGV[2] == '1' and redis.call('GET', KEYS[2])
-if marker == '1' then return {deliveries, 'done', 0} end
+local own = ARGV[2] == '1' and KEYS[3] and redis.call('GET', KEYS[3])
+if (marker and (marker == '1' or string.sub(marker, 1, 2) == '1:')) or own == '1' then
+  return {deliveries, 'done', 0}
+end
 -- Before the claim: a message that kills its worker each time must still be parked.
 local max_deliveries = tonumber(ARGV[5])
 if max_deliveries > 0 and deliveries > max_deliveries then

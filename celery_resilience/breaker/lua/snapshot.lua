@@ -5,7 +5,7 @@
 
 local s = state()
 if s == 'open' and now >= num('open_until') then s = 'half_open' end
-local calls, failures = window_counts()
+local calls, failures, retries = window_counts(true)
 local live = 0
 if state() == 'half_open' then
   live = redis.call('ZCOUNT', PROBES_KEY, string.format('(%d', now), '+inf')
@@ -15,8 +15,10 @@ local out = {'state', s, 'consecutive_failures', num('consec'), 'window_calls', 
              'open_until', num('open_until'), 'trips', num('trips'),
              'half_open_successes', num('ho_succ'), 'probes_in_flight', live,
              'calls_in_flight',
-             redis.call('ZCOUNT', CALLS_KEY, string.format('(%d', now), '+inf')}
+             redis.call('ZCOUNT', CALLS_KEY, string.format('(%d', now), '+inf'),
+             'window_retries', retries}
 for _, field in ipairs(TOTALS) do
   out[#out + 1] = field; out[#out + 1] = num(field)
 end
+out[#out + 1] = 'window'; out[#out + 1] = get('window') or ''
 return out

@@ -1,5 +1,6 @@
-"""Replay and discard, shared by both admin pages: a confirmation page first, then the work,
-reported back with ``message_user`` and recorded (``audit.py``) with the user and the reason."""
+"""Replay, discard and re-check, shared by both admin pages: a confirmation page first, then
+the work, reported back with ``message_user`` and recorded (``audit.py``) with the user and the
+reason."""
 
 from __future__ import annotations
 
@@ -15,10 +16,13 @@ from django.utils.text import Truncator
 
 from ...backout.entry import ParkedTask
 from ...backout.facade import Backout
-from ...backout.summary import EVERY_KEY
+from ...backout.masking import EVERYTHING
+from ...drain.replay import COPY_WARNING, marked_copy
+from ...known_tasks import masking_of
 from ...redact import get_logger
+from ...repair import repair
 from . import audit
-from .display import ACTION_FIELD, DISCARD, SELECTED_FIELD, error
+from .display import ACTION_FIELD, DISCARD, RECHECK, SELECTED_FIELD, error
 from .holding import breaker_states, warnings
 from .search import SCAN_LIMIT
 
@@ -71,17 +75,19 @@ def confirm(
     from .display import ARGS_WIDTH
     from .display import summary as row
 
-    entries, discard = target.entries, action == DISCARD
+    entries, discard, recheck = target.entries, action == DISCARD, action == RECHECK
     count = len(entries)
-    sensitive = tuple(res.runtime.config.sensitive_keys) if res is not None else EVERY_KEY
-    states = {} if discard or res is None else breaker_states(res, entries)
+    masking = masking_of(res.runtime) if res is not None else EVERYTHING
+    states = {} if discard or recheck or res is None else breaker_states(res, entries)
     per_breaker = Counter(entry.breaker or "" for entry in entries)
     noun = _plural(count, "parked task")
+    verb = "Discard" if discard else "Re-check" if recheck else "Replay"
     context = {
         **admin.admin_site.each_context(request),
         "opts": admin.opts,
-        "title": f"{'Discard' if discard else 'Replay'} {noun}?",
+        "title": f"{verb} {noun}?",
         "discard": discard,
+        "recheck": recheck,
         "count": count,
         "noun": noun,
         "across": target.across,
@@ -89,7 +95,7 @@ def confirm(
         "scan_limit": SCAN_LIMIT,
         "missing": target.missing,
         "sample": [
-            {**row(entry, 0.0, sensitive), "error": error(entry), "width": ARGS_WIDTH}
+            {**row(entry, 0.0, masking), "error": error(entry, masking), "width": ARGS_WIDTH}
             for entry in entries[:SAMPLE]
         ],
         "more": max(0, count - SAMPLE),
@@ -141,6 +147,10 @@ def replay(
         admin.message_user(
             request, f"Replayed {_plural(len(done), 'parked task')}.", messages.SUCCESS
         )
+    copies = [e.id for e in done if marked_copy(e)]
+    if copies:
+        shown = ", ".join(copies[:_SHOWN]) + (" and more" if len(copies) > _SHOWN else "")
+        admin.message_user(request, f"{shown}: {COPY_WARNING}.", messages.WARNING)
     _report_failures(admin, request, "replay", failures)
     return len(done)
 
@@ -172,3 +182,42 @@ def discard(
         )
     _report_failures(admin, request, "discard", failures)
     return len(done)
+
+
+def recheck(
+    admin: Any,
+    request: Any,
+    store: Any,
+    entries: Sequence[ParkedTask],
+    reason: str = "",
+    model: Any = None,
+) -> int:
+    """Sign again and park again, due now (Redis's time), the dead entries the app's process
+    reads and verifies (``repair``: their dead reason says another process could not); the
+    number parked again. The others are listed with this process's reason."""
+    from ...backout.store import dead_code
+    from ...repair import REPAIRABLE
+    from .conf import resilience
+
+    try:
+        runtime = resilience().runtime
+    except Exception as exc:
+        admin.message_user(request, f"No usable Celery app: {exc}", messages.ERROR)
+        return 0
+    chosen = [e for e in entries if e.status == "dead" and dead_code(e.dead_reason) in REPAIRABLE]
+    skipped = len(entries) - len(chosen)
+    report = repair(store, runtime.codec(), chosen, runtime.now())
+    audit.entries(request, model or admin.model, report.revived, "Re-checked", reason, CHANGE)
+    if report.revived:
+        text = f"Parked again {_plural(len(report.revived), 'entry', 'entries')}: they read here."
+        admin.message_user(request, text, messages.SUCCESS)
+    if skipped:
+        admin.message_user(
+            request,
+            f"{_plural(skipped, 'entry', 'entries')} left alone: not dead for a reason a "
+            "re-check can change (undecodable, unsigned, tampered, undecryptable).",
+            messages.WARNING,
+        )
+    refusals = [f"{i}: {Truncator(why).chars(200)}" for i, why in report.refused.items()]
+    _report_failures(admin, request, "park again", refusals)
+    return len(report.revived)

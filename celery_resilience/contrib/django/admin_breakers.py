@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import builtins
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlencode
 
 from django.contrib import admin, messages
@@ -21,7 +21,8 @@ from django.urls import path, reverse
 
 from ...backout.store import NO_BREAKER
 from ...breaker_listing import is_known, listing
-from ...maintenance import Window, forget, start, windows
+from ...known_tasks import masking_of
+from ...maintenance import LeverAction, Window, pull, start, windows
 from ...redact import get_logger, redact
 from ...resilience import Resilience
 from . import audit
@@ -76,11 +77,11 @@ def breaker_names(res: Resilience) -> builtins.list[str]:
     return listing(res.runtime).names
 
 
-def steer(res: Resilience, name: str, action: str) -> str:
-    """Pull lever ``action`` of breaker ``name``; its state afterwards."""
-    breaker = res.breaker(name)
-    {"open": breaker.force_open, "close": breaker.force_closed, "reset": breaker.reset}[action]()
-    return str(breaker.snapshot()["state"])
+def steer(res: Resilience, name: str, action: LeverAction) -> str:
+    """Pull lever ``action`` of breaker ``name`` (ending its maintenance window, in the same
+    step); its state afterwards."""
+    pull(res.runtime, name, action)
+    return str(res.breaker(name).snapshot()["state"])
 
 
 def _moment(seconds: float | None, now: float, text: str = "") -> dict[str, str]:
@@ -131,6 +132,14 @@ def row(
     }
 
 
+def holding(window: Window | None, snap: dict[str, Any]) -> Window | None:
+    """``window`` if it is what holds the breaker now: a record outlives its hold for a moment
+    when a lever drops the hold as a new window is recorded."""
+    if window is None or window.id != snap.get("window", ""):
+        return None
+    return window
+
+
 def levers_for(state: str) -> builtins.list[Lever]:
     """The levers that change something: no "Force open" on a breaker forced open already."""
     same = {"forced_open": "open", "forced_closed": "close"}.get(state)
@@ -152,10 +161,10 @@ def last_error(res: Resilience, name: str) -> str:
     newest = res.backout.list(breaker=name, limit=20)
     own = [entry for entry in newest if entry.exc_type and entry.reason != "breaker_open"]
     chosen = own or [entry for entry in newest if entry.exc_type]
-    return error(chosen[0]) if chosen else ""
+    return error(chosen[0], masking_of(res.runtime)) if chosen else ""
 
 
-class BreakerAdmin(RedactedMessages, admin.ModelAdmin):  # type: ignore[misc]  # Django is untyped here
+class BreakerAdmin(RedactedMessages, admin.ModelAdmin):
     """The breakers' list and the confirmation page of each lever."""
 
     def has_add_permission(self, request: HttpRequest) -> bool:
@@ -209,7 +218,8 @@ class BreakerAdmin(RedactedMessages, admin.ModelAdmin):  # type: ignore[misc]  #
             for name in breaker_names(res):
                 breaker = res.breaker(name)
                 limit = breaker.config.max_concurrent_calls
-                line = row(name, breaker.snapshot(), now, limit, notes.get(name))
+                snap = breaker.snapshot()
+                line = row(name, snap, now, limit, holding(notes.get(name), snap))
                 line["parked_url"] = self._parked_url(name, in_database)
                 line["parked"], line["dead"] = counts.get(name, (0, 0))
                 line["last_error"] = last_error(res, name) if sum(counts.get(name, ())) else ""
@@ -273,8 +283,7 @@ class BreakerAdmin(RedactedMessages, admin.ModelAdmin):  # type: ignore[misc]  #
                 start(res.runtime, name, until, reason, user)
                 after = str(res.breaker(name).snapshot()["state"])
             else:
-                after = steer(res, name, action)
-                forget(res.runtime, name)
+                after = steer(res, name, cast(LeverAction, action))
         except ValueError as exc:  # a bad number of minutes: nothing was changed
             self.message_user(request, str(exc), messages.ERROR)
             return HttpResponseRedirect(request.get_full_path())

@@ -31,7 +31,7 @@ from .display import relative, when
 MISSED_PERIODS = 3
 
 
-class OverviewAdmin(RedactedMessages, admin.ModelAdmin):  # type: ignore[misc]  # Django is untyped here
+class OverviewAdmin(RedactedMessages, admin.ModelAdmin):
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 

@@ -15,8 +15,8 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.html import format_html
 
-from ...backout.codec import Codec
-from ...backout.summary import EVERY_KEY
+from ...backout.masking import EVERYTHING
+from ...known_tasks import masking_of
 from . import actions, audit
 from .admin_messages import RedactedMessages
 from .conf import database_store_in_use, resilience
@@ -24,6 +24,7 @@ from .display import (
     ACTION_FIELD,
     ACTIONS,
     DISCARD,
+    RECHECK,
     REPLAY,
     SELECTED_FIELD,
     details,
@@ -41,7 +42,7 @@ from .search import matcher, scan
 from .store import DjangoBackoutStore
 
 
-class BreakerFilter(admin.AllValuesFieldListFilter):  # type: ignore[misc]
+class BreakerFilter(admin.AllValuesFieldListFilter):
     """Django's filter of every value, its values read by walking the index on PostgreSQL
     (``SELECT DISTINCT`` would read all of it, on every page load)."""
 
@@ -62,7 +63,7 @@ class BreakerFilter(admin.AllValuesFieldListFilter):  # type: ignore[misc]
 
 
 @admin.register(ParkedTaskRecord)
-class ParkedTaskRecordAdmin(RedactedMessages, admin.ModelAdmin):  # type: ignore[misc]  # Django is untyped here
+class ParkedTaskRecordAdmin(RedactedMessages, admin.ModelAdmin):
     list_display = (
         "entry",
         "task_name",
@@ -85,7 +86,7 @@ class ParkedTaskRecordAdmin(RedactedMessages, admin.ModelAdmin):  # type: ignore
     # load. The total is PostgreSQL's estimate past EXACT_BELOW rows (the page says "about").
     paginator = EstimatedPaginator
     show_full_result_count = False
-    actions = ("replay_now", "discard")
+    actions = ("replay_now", "discard", "recheck")
     change_list_template = "admin/celery_resilience/record_list.html"
 
     def has_add_permission(self, request: HttpRequest) -> bool:
@@ -121,12 +122,12 @@ class ParkedTaskRecordAdmin(RedactedMessages, admin.ModelAdmin):  # type: ignore
             try:
                 res = resilience()
                 states = breaker_states(res, [r.resilience_entry for r in records])
-                sensitive = tuple(res.runtime.config.sensitive_keys)
+                masking = masking_of(res.runtime)
             except Exception:  # no usable app: the page still lists the table
-                states, sensitive = {}, EVERY_KEY
+                states, masking = {}, EVERYTHING
             for record in records:
                 record.resilience_row = summary(
-                    record.resilience_entry, time.time(), sensitive, states
+                    record.resilience_entry, time.time(), masking, states
                 )
         changelist.result_list = records
         return changelist
@@ -140,10 +141,10 @@ class ParkedTaskRecordAdmin(RedactedMessages, admin.ModelAdmin):  # type: ignore
             return found, duplicates
         store = self._store(queryset.db)
         try:
-            sensitive = tuple(resilience().runtime.config.sensitive_keys)
+            masking = masking_of(resilience().runtime)
         except Exception:
-            sensitive = EVERY_KEY
-        matches = matcher(search_term, sensitive)
+            masking = EVERYTHING
+        matches = matcher(search_term, masking)
         rows = queryset.order_by("-parked_at", "-id")
 
         def pages(offset: int, count: int) -> list[Any]:
@@ -153,30 +154,30 @@ class ParkedTaskRecordAdmin(RedactedMessages, admin.ModelAdmin):  # type: ignore
         return queryset.filter(Q(pk__in=found.values("pk")) | Q(pk__in=hits)), duplicates
 
     # Short ids and relative times keep a row on one line; the whole text is the hover title.
-    @admin.display(description="entry id", ordering="id")  # type: ignore[untyped-decorator]
+    @admin.display(description="entry id", ordering="id")
     def entry(self, record: ParkedTaskRecord) -> str:
         return str(format_html('<span title="{}">{}</span>', record.id, short(record.id)))
 
-    @admin.display(description="task id", ordering="task_id")  # type: ignore[untyped-decorator]
+    @admin.display(description="task id", ordering="task_id")
     def task(self, record: ParkedTaskRecord) -> str:
         return str(format_html('<span title="{}">{}</span>', record.task_id, short(record.task_id)))
 
-    @admin.display(description="arguments")  # type: ignore[untyped-decorator]
+    @admin.display(description="arguments")
     def arguments(self, record: ParkedTaskRecord) -> str:
         row = _row(record)
         return str(format_html('<span title="{}">{}</span>', row["args_whole"], row["args"]))
 
-    @admin.display(description="error")  # type: ignore[untyped-decorator]
+    @admin.display(description="error")
     def error(self, record: ParkedTaskRecord) -> str:
         row = _row(record)
         return str(format_html('<span title="{}">{}</span>', row["error"], row["error"]))
 
-    @admin.display(description="status", ordering="status")  # type: ignore[untyped-decorator]
+    @admin.display(description="status", ordering="status")
     def state(self, record: ParkedTaskRecord) -> str:
         text = f"{record.status}: {record.dead_reason}" if record.dead_reason else record.status
         return str(format_html('<span title="{}">{}</span>', text, text))
 
-    @admin.display(description="parked", ordering="parked_at")  # type: ignore[untyped-decorator]
+    @admin.display(description="parked", ordering="parked_at")
     def parked(self, record: ParkedTaskRecord) -> str:
         return str(
             format_html(
@@ -187,7 +188,7 @@ class ParkedTaskRecordAdmin(RedactedMessages, admin.ModelAdmin):  # type: ignore
             )
         )
 
-    @admin.display(description="due", ordering="due_at")  # type: ignore[untyped-decorator]
+    @admin.display(description="due", ordering="due_at")
     def due(self, record: ParkedTaskRecord) -> str:
         row = _row(record)
         text = row["due"] or due_text(record.status, record.reason, record.due_at, time.time())
@@ -198,7 +199,7 @@ class ParkedTaskRecordAdmin(RedactedMessages, admin.ModelAdmin):  # type: ignore
         """The app's database store on ``using`` (its serializer and keys)."""
         try:
             app = resilience()
-            return DjangoBackoutStore(codec=Codec.of(app.runtime.config), using=using)
+            return DjangoBackoutStore(codec=app.runtime.codec(), using=using)
         except Exception:  # no usable Celery app: decode as Celery's defaults would (JSON)
             return DjangoBackoutStore(using=using)
 
@@ -248,17 +249,24 @@ class ParkedTaskRecordAdmin(RedactedMessages, admin.ModelAdmin):  # type: ignore
             backout = self._backout(request, queryset.db)
             if backout is not None:
                 actions.replay(self, request, backout, entries, reason)
+        elif action == RECHECK:
+            actions.recheck(self, request, store, entries, reason)
         else:
             actions.discard(self, request, store, entries, reason)
         return None
 
-    @admin.action(description="Replay now", permissions=["replay"])  # type: ignore[untyped-decorator]
+    @admin.action(description="Replay now", permissions=["replay"])
     def replay_now(self, request: HttpRequest, queryset: Any) -> Any:
         return self._ask_or_do(request, queryset, REPLAY)
 
-    @admin.action(description="Discard", permissions=["discard"])  # type: ignore[untyped-decorator]
+    @admin.action(description="Discard", permissions=["discard"])
     def discard(self, request: HttpRequest, queryset: Any) -> Any:
         return self._ask_or_do(request, queryset, DISCARD)
+
+    @admin.action(description="Re-check dead entries", permissions=["replay"])
+    def recheck(self, request: HttpRequest, queryset: Any) -> Any:
+        """Park again the dead entries this process reads and verifies (``repair``)."""
+        return self._ask_or_do(request, queryset, RECHECK)
 
     def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
         if request.method == "GET":
@@ -300,17 +308,17 @@ class ParkedTaskRecordAdmin(RedactedMessages, admin.ModelAdmin):  # type: ignore
         entry = self._store(record._state.db).read_record(record)
         try:
             res = resilience()
-            states, sensitive = (
+            states, masking = (
                 breaker_states(res, [entry]),
-                tuple(res.runtime.config.sensitive_keys),
+                masking_of(res.runtime),
             )
         except Exception:  # no usable app: the record still shows, unmasked by no setting
-            states, sensitive = {}, EVERY_KEY
+            states, masking = {}, EVERYTHING
         extra = (
             ("Claimed until", when(record.lease_until)),
             ("Died at", when(record.died_at)),
             ("Breaker state", states.get(entry.breaker or "", "—")),
-            ("Due", summary(entry, time.time(), sensitive, states)["due"]),
+            ("Due", summary(entry, time.time(), masking, states)["due"]),
         )
         context = {
             **self.admin_site.each_context(request),
@@ -320,14 +328,14 @@ class ParkedTaskRecordAdmin(RedactedMessages, admin.ModelAdmin):  # type: ignore
             "actions": tuple(
                 (value, label)
                 for value, label in ACTIONS
-                if (self.has_replay_permission if value == REPLAY else self.has_discard_permission)(
-                    request
-                )
+                if (
+                    self.has_discard_permission if value == DISCARD else self.has_replay_permission
+                )(request)
             ),
             "action_field": ACTION_FIELD,
             "selected_field": SELECTED_FIELD,
             "entry": entry,
-            "rows": details(entry, *extra, sensitive=sensitive),
+            "rows": details(entry, *extra, masking=masking),
             "action_url": changelist,
             **(extra_context or {}),
         }

@@ -25,12 +25,23 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 
 from ...backout.entry import REASONS, STATUSES, ParkedTask
+from ...backout.masking import SHOW_ALL, Masking
 from ...backout.store import NO_BREAKER, Filter
+from ...known_tasks import masking_of
 from ...task import ResilientTask
 from . import actions, audit
 from .admin_messages import RedactedMessages
 from .conf import database_store_in_use, resilience
-from .display import ACTION_FIELD, ACTIONS, DISCARD, REPLAY, SELECTED_FIELD, details, summary
+from .display import (
+    ACTION_FIELD,
+    ACTIONS,
+    DISCARD,
+    RECHECK,
+    REPLAY,
+    SELECTED_FIELD,
+    details,
+    summary,
+)
 from .holding import breaker_states
 from .search import SCAN_LIMIT, Scan, by_task, matcher, scan
 
@@ -39,7 +50,7 @@ FILTERS = ("breaker", "reason", "status", "task")
 STORE_FILTERS = ("breaker", "reason", "status")
 
 
-class StoreEntryAdmin(RedactedMessages, admin.ModelAdmin):  # type: ignore[misc]  # Django is untyped here
+class StoreEntryAdmin(RedactedMessages, admin.ModelAdmin):
     """Read-only list and detail pages over the configured store, with replay and discard."""
 
     list_per_page = 100
@@ -62,8 +73,14 @@ class StoreEntryAdmin(RedactedMessages, admin.ModelAdmin):  # type: ignore[misc]
         return bool(request.user.has_perm(f"{self.opts.app_label}.delete_{self.opts.model_name}"))
 
     def allowed_actions(self, request: HttpRequest) -> tuple[tuple[str, str], ...]:
-        allowed = {REPLAY: self.has_replay_permission, DISCARD: self.has_discard_permission}
-        return tuple((value, label) for value, label in ACTIONS if allowed[value](request))
+        return tuple((value, label) for value, label in ACTIONS if self._may(value, request))
+
+    def _may(self, action: str, request: HttpRequest) -> bool:
+        """Discard needs the delete permission; replay and re-check (which parks entries
+        again, for a drain to send) the replay permission."""
+        if action == DISCARD:
+            return self.has_discard_permission(request)
+        return self.has_replay_permission(request)
 
     def get_model_perms(self, request: HttpRequest) -> dict[str, bool]:
         """No permissions, so no place in the index, while the app parks in the database: the
@@ -124,14 +141,14 @@ class StoreEntryAdmin(RedactedMessages, admin.ModelAdmin):  # type: ignore[misc]
         tasks: builtins.list[str] = []
         total: int | None = 0
         states: dict[str, str] = {}
-        sensitive: tuple[str, ...] = ()
+        masking: Masking = SHOW_ALL
         page, pages = 1, 1
         try:
             res = resilience()
             backout = res.backout
-            sensitive = tuple(res.runtime.config.sensitive_keys)
+            masking = masking_of(res.runtime)
             if query or chosen["task"]:
-                found = self._scan(backout, chosen, query, sensitive)
+                found = self._scan(backout, chosen, query, masking)
                 total, context["cut"] = len(found.entries), found.cut
                 pages = max(1, math.ceil(total / size))
                 page = min(wanted, pages)
@@ -174,8 +191,7 @@ class StoreEntryAdmin(RedactedMessages, admin.ModelAdmin):  # type: ignore[misc]
         ]
         now = time.time()
         context["rows"] = [
-            {**summary(e, now, sensitive, states), "url": self._url("change", e.id)}
-            for e in entries
+            {**summary(e, now, masking, states), "url": self._url("change", e.id)} for e in entries
         ]
         context.update(
             total=total,
@@ -197,11 +213,9 @@ class StoreEntryAdmin(RedactedMessages, admin.ModelAdmin):  # type: ignore[misc]
             self._context(request, title, **context, **(extra_context or {})),
         )
 
-    def _scan(
-        self, backout: Any, chosen: dict[str, Any], query: str, sensitive: tuple[str, ...]
-    ) -> Scan:
+    def _scan(self, backout: Any, chosen: dict[str, Any], query: str, masking: Masking) -> Scan:
         """Entries of the store's filters that match the search and the task filter."""
-        text, task = matcher(query, sensitive), by_task(chosen["task"])
+        text, task = matcher(query, masking), by_task(chosen["task"])
         filters = _store_filters(chosen)
 
         def pages(offset: int, count: int) -> builtins.list[ParkedTask]:
@@ -223,11 +237,10 @@ class StoreEntryAdmin(RedactedMessages, admin.ModelAdmin):  # type: ignore[misc]
     def _act(self, request: HttpRequest) -> HttpResponse:
         action = request.POST.get(ACTION_FIELD)
         back = request.get_full_path()
-        if action not in (REPLAY, DISCARD):
+        if action not in (REPLAY, DISCARD, RECHECK):
             self.message_user(request, "No action chosen.", messages.WARNING)
             return HttpResponseRedirect(back)
-        allowed = self.has_replay_permission if action == REPLAY else self.has_discard_permission
-        if not allowed(request):
+        if not self._may(action, request):
             raise PermissionDenied
         across = request.POST.get(actions.ACROSS) == "1"
         selected = request.POST.getlist(SELECTED_FIELD)
@@ -252,8 +265,12 @@ class StoreEntryAdmin(RedactedMessages, admin.ModelAdmin):  # type: ignore[misc]
             extra = {"changelist_url": self._url("changelist"), "back_url": back, "query": query}
             return actions.confirm(self, request, action, target, res, extra)
         reason = audit.clean_reason(request.POST.get(actions.REASON))
-        act = actions.replay if action == REPLAY else actions.discard
-        act(self, request, res.backout, target.entries, reason)
+        if action == RECHECK:
+            store = res.runtime.backout_store
+            actions.recheck(self, request, store, target.entries, reason)
+        else:
+            act = actions.replay if action == REPLAY else actions.discard
+            act(self, request, res.backout, target.entries, reason)
         if target.missing:
             self.message_user(
                 request,
@@ -274,7 +291,7 @@ class StoreEntryAdmin(RedactedMessages, admin.ModelAdmin):  # type: ignore[misc]
             return actions.Target(entries, missing=len(found) - len(entries))
         chosen, query = self._chosen(request)
         if query or chosen["task"]:
-            hit = self._scan(backout, chosen, query, tuple(res.runtime.config.sensitive_keys))
+            hit = self._scan(backout, chosen, query, masking_of(res.runtime))
             return actions.Target(hit.entries, across=True, cut=hit.cut)
         filters = _store_filters(chosen)
         every = scan(
@@ -310,7 +327,7 @@ class StoreEntryAdmin(RedactedMessages, admin.ModelAdmin):  # type: ignore[misc]
                 messages.WARNING,
             )
             return HttpResponseRedirect(self._url("changelist"))
-        line = summary(entry, time.time(), (), states)
+        line = summary(entry, time.time(), SHOW_ALL, states)  # its due time only
         return TemplateResponse(
             request,
             "admin/celery_resilience/entry_detail.html",
@@ -322,7 +339,7 @@ class StoreEntryAdmin(RedactedMessages, admin.ModelAdmin):  # type: ignore[misc]
                     entry,
                     ("Breaker state", states.get(entry.breaker or "", "—")),
                     ("Due", line["due"]),
-                    sensitive=tuple(res.runtime.config.sensitive_keys),
+                    masking=masking_of(res.runtime),
                 ),
                 action_url=self._url("changelist"),
             ),

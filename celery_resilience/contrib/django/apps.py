@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.apps import AppConfig
 
 
-class CeleryResilienceConfig(AppConfig):  # type: ignore[misc]  # Django is untyped here
+class CeleryResilienceConfig(AppConfig):
     name = "celery_resilience.contrib.django"
     label = "celery_resilience"
     verbose_name = "Celery resilience"

@@ -5,15 +5,15 @@
 usually makes current).
 
 The web process loads the app's task modules once, as a worker does at start
-(``drain.preflight.load_task_modules``): otherwise a task found only by autodiscovery is not
+(``known_tasks.load_task_modules``): otherwise a task found only by autodiscovery is not
 registered there, and the pages would show it as unknown.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
-from ...drain.preflight import load_task_modules
+from ...known_tasks import load_task_modules
 from ...resilience import Resilience
 
 SETTING = "CELERY_RESILIENCE_APP"
@@ -32,7 +32,7 @@ def celery_app() -> Any:
     from kombu.utils.imports import symbol_by_name
 
     try:
-        app = symbol_by_name(path)  # type: ignore[no-untyped-call]
+        app = cast(Any, symbol_by_name)(path)  # kombu annotates it in some releases only
     except (ImportError, AttributeError, ValueError) as exc:
         raise ImproperlyConfigured(
             f"{SETTING} must be the dotted path of a Celery app ('proj.celery:app'), "

@@ -10,8 +10,9 @@ from typing import Any
 from django.utils.text import Truncator
 
 from ...backout.entry import ParkedTask
-from ...backout.store import held
-from ...backout.summary import arguments, masked
+from ...backout.masking import SHOW_ALL, Masking
+from ...backout.store import on_demand_only
+from ...backout.summary import arguments
 from ...backout.summary import summary as arguments_summary
 
 #: Admin POST fields of an action, as Django's own changelist uses them.
@@ -19,7 +20,8 @@ ACTION_FIELD = "action"
 SELECTED_FIELD = "_selected_action"
 REPLAY = "replay_now"
 DISCARD = "discard"
-ACTIONS = ((REPLAY, "Replay now"), (DISCARD, "Discard"))
+RECHECK = "recheck"
+ACTIONS = ((REPLAY, "Replay now"), (DISCARD, "Discard"), (RECHECK, "Re-check dead entries"))
 #: Characters of the arguments a list row shows (the whole, masked, is the cell's title).
 ARGS_WIDTH = 40
 #: Breaker states in which a drain replays nothing: their entries are held.
@@ -78,20 +80,26 @@ def due(status: str, reason: str, due_at: float, now: float, breaker_state: str 
     dash for a dead one (it waits for a person)."""
     if status == "dead":
         return "—"
-    if held(reason):
+    if on_demand_only(reason):
         return "on demand"
     if breaker_state in HOLDING:
         return HOLDING[breaker_state]
     return "now" if due_at <= now else relative(due_at, now)
 
 
-def error(entry: ParkedTask) -> str:
-    """The exception on one line: its class's own name and its message."""
+def error(entry: ParkedTask, masking: Masking = SHOW_ALL) -> str:
+    """The exception on one line: its class's own name and its message (sensitive values
+    masked)."""
     if not entry.exc_type:
         return ""
     name = entry.exc_type.rpartition(".")[2]
-    message = ENCRYPTED if entry.encrypted else " ".join((entry.exc_message or "").split())
+    message = ENCRYPTED if entry.encrypted else " ".join(exc_message(entry, masking).split())
     return f"{name}: {message}" if message else name
+
+
+def exc_message(entry: ParkedTask, masking: Masking) -> str:
+    """The entry's error message with the values of its sensitive arguments masked."""
+    return masking.text(entry.exc_message or "", entry.task_name, entry.args, entry.kwargs)
 
 
 def pretty(value: Any) -> str:
@@ -102,7 +110,7 @@ def pretty(value: Any) -> str:
 def summary(
     entry: ParkedTask,
     now: float,
-    sensitive: tuple[str, ...] = (),
+    masking: Masking = SHOW_ALL,
     breaker_states: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """One row of a list: short ids, masked arguments and times relative to ``now``, each with
@@ -125,22 +133,23 @@ def summary(
         "due_at": when(entry.due_at),
         "due": due(entry.status, entry.reason, entry.due_at, now, state),
         "held": state in HOLDING and entry.status == "parked",
-        "args": arguments_summary(entry, sensitive, ARGS_WIDTH),
-        "args_whole": arguments(entry, sensitive),
-        "error": error(entry),
+        "args": arguments_summary(entry, masking, ARGS_WIDTH),
+        "args_whole": arguments(entry, masking),
+        "error": error(entry, masking),
         "exc_type": entry.exc_type,
         "exc_message": ENCRYPTED
         if entry.encrypted
-        else Truncator(entry.exc_message or "").chars(200),
+        else Truncator(exc_message(entry, masking)).chars(200),
     }
 
 
 def details(
-    entry: ParkedTask, *extra: tuple[str, str], sensitive: tuple[str, ...] = ()
+    entry: ParkedTask, *extra: tuple[str, str], masking: Masking = SHOW_ALL
 ) -> list[tuple[str, str, bool]]:
     """``(label, text, preformatted)`` rows of the detail page; ``extra`` rows go before args.
-    Arguments are masked (``sensitive`` keys) and Celery's ``argsrepr``/``kwargsrepr`` stand in
-    for the arguments they describe, as in Flower and Celery's logs."""
+    Sensitive values are masked (``masking``), in the error and traceback too, and Celery's
+    ``argsrepr``/``kwargsrepr`` stand in for the arguments they describe, as in Flower and
+    Celery's logs."""
     rows = [
         ("Entry id", entry.id),
         ("Task", entry.task_name),
@@ -154,7 +163,7 @@ def details(
         ("Retries", str(entry.retries)),
         ("Replays", str(entry.replays)),
         *extra,
-        ("Arguments", arguments(entry, sensitive)),
+        ("Arguments", arguments(entry, masking)),
     ]
     if entry.encrypted:  # read without the encryption key: say so, show nothing sealed
         blocks = [(label, ENCRYPTED) for label in SEALED_LABELS]
@@ -164,14 +173,27 @@ def details(
         ]
     argsrepr, kwargsrepr = entry.options.get("argsrepr"), entry.options.get("kwargsrepr")
     blocks = [
-        ("Args", argsrepr if isinstance(argsrepr, str) else pretty(masked(entry.args, sensitive))),
+        (
+            "Args",
+            argsrepr
+            if isinstance(argsrepr, str)
+            else pretty(masking.args(entry.task_name, entry.args)),
+        ),
         (
             "Kwargs",
-            kwargsrepr if isinstance(kwargsrepr, str) else pretty(masked(entry.kwargs, sensitive)),
+            kwargsrepr if isinstance(kwargsrepr, str) else pretty(masking.value(entry.kwargs)),
         ),
-        ("Options", pretty(masked(entry.options, sensitive))),
-        ("Exception", f"{entry.exc_type}: {entry.exc_message}" if entry.exc_type else "—"),
-        ("Traceback", entry.traceback or "—"),
+        ("Options", pretty(masking.value(entry.options))),
+        (
+            "Exception",
+            f"{entry.exc_type}: {exc_message(entry, masking)}" if entry.exc_type else "—",
+        ),
+        (
+            "Traceback",
+            masking.text(entry.traceback, entry.task_name, entry.args, entry.kwargs)
+            if entry.traceback
+            else "—",
+        ),
     ]
     return [(label, text, False) for label, text in rows] + [
         (label, text, True) for label, text in blocks

@@ -84,13 +84,13 @@ def distinct_values(model: Any, using: str, column: str) -> list[str] | None:
         return [row[0] for row in cursor.fetchall()]
 
 
-class EstimatedPaginator(Paginator):  # type: ignore[misc]  # Django is untyped here
+class EstimatedPaginator(Paginator):
     """A paginator whose count is PostgreSQL's estimate once that passes ``EXACT_BELOW``
     (``estimated`` says so, and the page shows "about"); exact below it, and elsewhere."""
 
     estimated = False
 
-    @cached_property  # type: ignore[untyped-decorator]
+    @cached_property
     def count(self) -> int:
         estimate = estimated_count(self.object_list)
         if estimate is None or estimate < EXACT_BELOW:

@@ -13,7 +13,7 @@ from django.db import models
 from ...backout.entry import REASONS, STATUSES
 
 
-class ParkedTaskRecord(models.Model):  # type: ignore[misc]  # Django is untyped here
+class ParkedTaskRecord(models.Model):
     """One parked task. ``breaker`` is ``"-"`` for entries without one (the store convention)."""
 
     id = models.CharField("entry id", max_length=32, primary_key=True)
@@ -29,6 +29,9 @@ class ParkedTaskRecord(models.Model):  # type: ignore[misc]  # Django is untyped
     lease_until = models.FloatField(null=True, blank=True, help_text="epoch seconds")
     died_at = models.FloatField(null=True, blank=True, help_text="epoch seconds")
     payload = models.BinaryField()
+    #: Why the last drain to judge it left it parked for a process that can read it (a key it
+    #: lacked, a newer release's format); null otherwise (and in rows of older releases).
+    held = models.CharField(max_length=32, null=True, blank=True)
 
     class Meta:
         verbose_name = "parked task record"
@@ -38,6 +41,11 @@ class ParkedTaskRecord(models.Model):  # type: ignore[misc]  # Django is untyped
         indexes = (
             models.Index(fields=["status", "-parked_at"], name="resilience_status_parked"),
             models.Index(fields=["reason", "-parked_at"], name="resilience_reason_parked"),
+            models.Index(
+                fields=["held", "parked_at"],
+                name="resilience_held",
+                condition=models.Q(held__isnull=False),
+            ),
         )
         #: Replay sends tasks to the workers again, discard (delete) removes them: two rights.
         permissions = (("replay_parkedtaskrecord", "Can replay parked task records"),)
@@ -46,7 +54,23 @@ class ParkedTaskRecord(models.Model):  # type: ignore[misc]  # Django is untyped
         return f"{self.task_name}[{self.task_id}] ({self.id})"
 
 
-class ResilienceStat(models.Model):  # type: ignore[misc]
+class ConsumedEntry(models.Model):
+    """An entry a drain or a replay published, remembered until its signed lifetime ends: a
+    copy of it written back into the table is refused (dead ``replayed``)."""
+
+    id = models.CharField("entry id", max_length=32, primary_key=True)
+    #: The consumed entry's signed park time: a later park of the same message is no copy.
+    parked_at = models.FloatField(help_text="epoch seconds")
+    until = models.FloatField(db_index=True, help_text="epoch seconds")
+
+    class Meta:
+        verbose_name = "consumed entry"
+
+    def __str__(self) -> str:
+        return str(self.id)
+
+
+class ResilienceStat(models.Model):
     """A monotonic counter of ``stats``/``bump``; rows named ``lock|...`` are the store's locks."""
 
     name = models.CharField(max_length=255, primary_key=True)
@@ -59,7 +83,7 @@ class ResilienceStat(models.Model):  # type: ignore[misc]
         return f"{self.name} = {self.value:g}"
 
 
-class StoreEntry(models.Model):  # type: ignore[misc]
+class StoreEntry(models.Model):
     """No table: gives the admin's page of the app's configured store a place and permissions.
 
     The page (``admin_store.py``) reads the store through ``Resilience.for_app(app).backout``,
@@ -76,7 +100,7 @@ class StoreEntry(models.Model):  # type: ignore[misc]
         permissions = (("replay_storeentry", "Can replay parked tasks"),)
 
 
-class Breaker(models.Model):  # type: ignore[misc]
+class Breaker(models.Model):
     """No table: gives the admin's page of the shared breakers a place and permissions.
 
     The page (``admin_breakers.py``) reads and steers them through
@@ -91,7 +115,7 @@ class Breaker(models.Model):  # type: ignore[misc]
         verbose_name_plural = "breakers"
 
 
-class Overview(models.Model):  # type: ignore[misc]
+class Overview(models.Model):
     """No table: gives the admin's overview page (``admin_overview.py``) a place and its view
     permission."""
 

@@ -1,14 +1,17 @@
 """Whether the database store has room for one more entry, without a lock or a full count.
 
-Parks used to take one lock row and ``COUNT(*)`` the table: exact, but every park in the fleet
-waited for the one before it, and the count grew with the table (tens of milliseconds at a
-million rows). Now:
+One lock row and a ``COUNT(*)`` of the table per park would be exact, but every park in the
+fleet would wait for the one before it, and the count grows with the table (tens of
+milliseconds at a million rows). So:
 
-- far from the limit (PostgreSQL's estimate of the table's rows below ``SURE_BELOW`` of
-  ``max_entries``) a park counts nothing: the estimate is the planner's own (``reltuples`` per
-  page at the last ``ANALYZE``, times the table's pages now), one catalog read;
-- nearer (or on a database without the estimate) it uses an exact ``COUNT(*)`` that this process
-  made at most ``COUNT_TTL`` seconds ago, plus the parks this process admitted since.
+- under a limit of ``EXACT_BELOW`` entries or more, far from it (PostgreSQL's estimate of the
+  table's rows below ``SURE_BELOW`` of ``max_entries``), a park counts nothing: the estimate is
+  the planner's own (``reltuples`` per page at the last ``ANALYZE``, times the table's pages
+  now), one catalog read;
+- nearer, under a smaller limit (where the estimate's error is a good part of the limit and a
+  count is quick) or on a database without the estimate, it uses an exact ``COUNT(*)`` that
+  this process made at most ``COUNT_TTL`` seconds ago, plus the parks this process admitted
+  since.
 
 So a store near its limit may pass it by what *other* processes parked in the last
 ``COUNT_TTL`` seconds (a fleet parking 300 a second: some 300 entries over a limit of
@@ -23,7 +26,7 @@ import threading
 import time
 from typing import Any
 
-from .estimates import estimated_rows
+from .estimates import EXACT_BELOW, estimated_rows
 
 #: Below this fraction of ``max_entries`` by the estimate, a park counts nothing.
 SURE_BELOW = 0.9
@@ -42,10 +45,11 @@ class Room:
 
     def take(self) -> bool | None:
         """Admit one more entry? ``None``: the store is full; ``True``: admitted on the count,
-        so ``give_back`` is owed if it stores nothing after all; ``False``: on the estimate."""
-        estimate = estimated_rows(self.model, self.using)
-        if estimate is not None and estimate < self.limit * SURE_BELOW:
-            return False
+        so ``refund`` is owed if it stores nothing after all; ``False``: on the estimate."""
+        if self.limit >= EXACT_BELOW:
+            estimate = estimated_rows(self.model, self.using)
+            if estimate is not None and estimate < self.limit * SURE_BELOW:
+                return False
         with self._lock:
             if time.monotonic() - self._counted_at > COUNT_TTL:
                 self._known = self.model.objects.using(self.using).count()
@@ -55,7 +59,7 @@ class Room:
             self._known += 1
             return True
 
-    def give_back(self) -> None:
+    def refund(self) -> None:
         """A park admitted on the count stored nothing (it was there already, or it failed)."""
         with self._lock:
             self._known = max(0, self._known - 1)

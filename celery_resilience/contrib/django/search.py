@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...backout.entry import ParkedTask
+from ...backout.masking import SHOW_ALL, Masking
 from ...backout.summary import arguments
 
 #: Entries a search or task filter reads at most (newest first).
@@ -32,7 +33,7 @@ def _word(needle: str) -> re.Pattern[str]:
     return re.compile(rf"(?<![0-9a-z_]){re.escape(needle)}{end}")
 
 
-def matcher(query: str, sensitive: tuple[str, ...] = ()) -> Callable[[ParkedTask], bool]:
+def matcher(query: str, masking: Masking = SHOW_ALL) -> Callable[[ParkedTask], bool]:
     """Whether an entry matches ``query`` (case-insensitive; see the module docstring)."""
     needle = query.strip().lower()
     word = _word(needle)
@@ -44,7 +45,7 @@ def matcher(query: str, sensitive: tuple[str, ...] = ()) -> Callable[[ParkedTask
             return True
         if entry.task_id.lower().startswith(needle) or entry.id.lower().startswith(needle):
             return True
-        return word.search(arguments(entry, sensitive).lower()) is not None
+        return word.search(arguments(entry, masking).lower()) is not None
 
     return matches
 

@@ -6,8 +6,8 @@ PostgreSQL). How the Redis store's atomic scripts map onto the ORM:
 - ``park`` inserts with no lock held beyond its own row: the insert is idempotent on the
   primary key (a duplicate is the entry parked already), the full-store check is approximate
   near the limit (``room.py`` says by how much), and its counter is one of ``STAT_SHARDS`` rows
-  picked at random (``stat_rows.py``), so concurrent parks never queue behind one hot row (they
-  used to take one lock row and count the table: exact, and one at a time across the fleet).
+  picked at random (``stat_rows.py``), so concurrent parks never queue behind one hot row (one
+  lock row and a count of the table would be exact, and one park at a time across the fleet).
 - ``claim`` selects due rows ``FOR UPDATE SKIP LOCKED`` where the database has it: two drainers
   never claim the same row. Elsewhere (SQLite) claims take the ``lock|claim`` row first.
 - Everything else is one UPDATE or DELETE statement.
@@ -20,30 +20,34 @@ from __future__ import annotations
 
 import builtins
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections import Counter
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
-from django.db import IntegrityError, InterfaceError, OperationalError, connections, transaction
+from django.db import IntegrityError, transaction
 
 from ...backout.codec import Codec
 from ...backout.entry import ParkedTask, Reason, Status
+from ...backout.lifetime import Consumed
+from ...backout.reading import read_entry
 from ...backout.store import (
     ANY,
-    HELD_REASONS,
     FamilyOf,
     Filter,
     Meta,
     check_dead_reason,
     check_page,
     counter_scope,
+    dead_code,
     no_family,
-    read_entry,
 )
-from ...errors import ConfigurationError, StoreFull, StoreUnavailable
+from ...errors import ConfigurationError, StoreFull
+from .consumed import ConsumedRows
 from .estimates import distinct_values
+from .leases import COLUMNS, Leases
 from .room import Room
 from .stat_rows import StatRows
+from .statements import chunks, reachable
 
 if TYPE_CHECKING:
     from ...runtime import Runtime
@@ -51,19 +55,6 @@ if TYPE_CHECKING:
 APP = "celery_resilience.contrib.django"
 #: Rows per statement of a purge: each batch is short, and reported to the progress bar.
 PURGE_BATCH = 2000
-#: The columns an entry is read from (``DjangoBackoutStore._read``), in this order.
-COLUMNS = ("id", "payload", "breaker", "status", "reason", "dead_reason", "parked_at")
-#: Ids per statement in ``ack``/``release`` (well under every backend's parameter limit).
-_CHUNK = 500
-
-
-@contextmanager
-def reachable() -> Iterator[None]:
-    """Connection trouble becomes ``StoreUnavailable``: parking then keeps the message."""
-    try:
-        yield
-    except (OperationalError, InterfaceError) as exc:
-        raise StoreUnavailable(f"back-out store unreachable: {exc}") from exc
 
 
 class DjangoBackoutStore:
@@ -84,7 +75,7 @@ class DjangoBackoutStore:
                 f"resilience_backout_store='django' needs {APP!r} in INSTALLED_APPS "
                 "and Django set up (django.setup()) before the store is used"
             )
-        from .models import ParkedTaskRecord, ResilienceStat
+        from .models import ConsumedEntry, ParkedTaskRecord, ResilienceStat
 
         self.codec = codec or Codec(serializer)
         self.serializer = self.codec.serializer
@@ -94,9 +85,13 @@ class DjangoBackoutStore:
         self.family_of: FamilyOf = no_family
         self.using = using
         self._model = ParkedTaskRecord
+        #: What drains and replays published (``consumed.py``).
+        self._memory = ConsumedRows(ConsumedEntry, using)
         #: Counters and lock rows (``stat_rows.py``).
         self._stats = StatRows(ResilienceStat, using)
         self._room = Room(ParkedTaskRecord, using, max_entries)
+        #: Claims under a lease, give-backs, what is held and due (``leases.py``).
+        self._leases = Leases(ParkedTaskRecord, using, self._stats)
 
     def _rows(self) -> Any:
         return self._model.objects.using(self.using)
@@ -123,7 +118,7 @@ class DjangoBackoutStore:
                     self._stats.add_spread(f"parked|{scope}|{meta.reason}", 1)
             except BaseException as exc:
                 if counted:
-                    self._room.give_back()
+                    self._room.refund()
                 if isinstance(exc, IntegrityError) and self._rows().filter(pk=entry.id).exists():
                     return  # the same id parked already (a redelivered message)
                 raise
@@ -181,8 +176,21 @@ class DjangoBackoutStore:
                 self._rows()
                 .filter(pk=entry_id, status="parked")
                 .update(
-                    status="dead", dead_reason=dead_reason, died_at=time.time(), lease_until=None
+                    status="dead",
+                    dead_reason=dead_reason,
+                    died_at=time.time(),
+                    lease_until=None,
+                    held=None,
                 )
+            )
+        return bool(changed)
+
+    def revive(self, entry_id: str, dead_reason: str, due_at: float) -> bool:
+        with reachable():
+            changed = (
+                self._rows()
+                .filter(pk=entry_id, status="dead", dead_reason=dead_reason)
+                .update(status="parked", dead_reason="", died_at=None, due_at=due_at)
             )
         return bool(changed)
 
@@ -204,56 +212,69 @@ class DjangoBackoutStore:
         self, breaker: str, limit: int, lease: float, now: float | None = None
     ) -> builtins.list[ParkedTask]:
         """Lease up to ``limit`` due entries of ``breaker`` (internal name) to the caller."""
-        if limit <= 0:
-            return []
-        now = time.time() if now is None else now
-        features = connections[self.using].features
-        with reachable(), transaction.atomic(using=self.using):
-            if not features.has_select_for_update_skip_locked:
-                self._stats.lock("claim")
-            due = self._due(breaker, now).order_by("due_at", "id")
-            if features.has_select_for_update:
-                skip = features.has_select_for_update_skip_locked
-                due = due.select_for_update(skip_locked=skip)
-            rows = list(due.values_list(*COLUMNS)[:limit])
-            for chunk in _chunks([row[0] for row in rows]):
-                self._rows().filter(pk__in=chunk).update(
-                    due_at=now + lease, lease_until=now + lease
-                )
-        return [self._read(row) for row in rows]
+        return [self._read(row) for row in self._leases.claim(breaker, limit, lease, now)]
 
-    def ack(self, breaker: str, entry_ids: Sequence[str]) -> int:
-        """Remove entries that were published (the end of a claim)."""
+    def ack(self, breaker: str, entry_ids: Sequence[str], consumed: Sequence[Consumed] = ()) -> int:
+        """Remove entries that were published (the end of a claim), remembering ``consumed`` in
+        the same transaction (and forgetting those whose time is up)."""
         self._room.forget()
+        with reachable(), transaction.atomic(using=self.using):
+            self._memory.remember(consumed)
+            return sum(self._rows().filter(pk__in=c).delete()[0] for c in chunks(entry_ids))
+
+    def forget_consumed(self) -> int:
         with reachable():
-            return sum(self._rows().filter(pk__in=c).delete()[0] for c in _chunks(entry_ids))
+            return self._memory.forget()
+
+    def consumed(self, entry_ids: Sequence[str]) -> dict[str, float]:
+        with reachable():
+            return self._memory.of(entry_ids)
+
+    def give_back(self, breaker: str, entry_ids: Sequence[str], due_at: float) -> int:
+        """Give claimed entries back unreplayed, due again at ``due_at``; ``breaker`` is not
+        needed here."""
+        return self._leases.give_back(entry_ids, due_at, None)
 
     def release(self, breaker: str, entry_ids: Sequence[str], due_at: float) -> int:
-        """Give claimed entries back, due again at ``due_at``; ``breaker`` is not needed here."""
+        """Deprecated alias of :meth:`give_back`: ``release`` names a permit's end (see the
+        design page's glossary)."""
+        return self.give_back(breaker, entry_ids, due_at)
+
+    def hold(self, breaker: str, entry_ids: Sequence[str], code: str, due_at: float) -> int:
+        return self._leases.give_back(entry_ids, due_at, code)
+
+    def dead_by_reason(self) -> dict[str, int]:
+        from django.db.models import Count
+
         with reachable():
-            return sum(
-                self._rows()
-                .filter(pk__in=chunk, lease_until__isnull=False)
-                .update(due_at=due_at, lease_until=None)
-                for chunk in _chunks(entry_ids)
-            )
+            rows = self._rows().filter(status="dead").values_list("dead_reason")
+            found: Counter[str] = Counter()
+            for reason, n in rows.annotate(n=Count("pk")).order_by():
+                found[dead_code(reason)] += int(n)
+        return dict(found)
+
+    def held_entries(self) -> dict[str, tuple[int, float]]:
+        return self._leases.held()
 
     def in_flight(self) -> int:
-        with reachable():
-            return int(self._rows().filter(lease_until__gt=time.time()).count())
+        return self._leases.in_flight()
 
     def due(self, breaker: str, now: float | None = None) -> int:
-        with reachable():
-            return int(self._due(breaker, time.time() if now is None else now).count())
-
-    def _due(self, breaker: str, now: float) -> Any:
-        due = self._rows().filter(breaker=breaker, status="parked", due_at__lte=now)
-        return due.exclude(reason__in=HELD_REASONS)
+        return self._leases.due(breaker, now)
 
     def get(self, entry_id: str) -> ParkedTask | None:
         with reachable():
             row = self._rows().filter(pk=entry_id).values_list(*COLUMNS).first()
         return None if row is None else self._read(row)
+
+    def entries(self, entry_ids: Sequence[str]) -> builtins.list[ParkedTask]:
+        with reachable():
+            rows = {
+                row[0]: row
+                for chunk in chunks(entry_ids)
+                for row in self._rows().filter(pk__in=chunk).values_list(*COLUMNS)
+            }
+        return [self._read(rows[i]) for i in entry_ids if i in rows]
 
     def count(self, where: Filter = ANY) -> int:
         with reachable():
@@ -304,11 +325,18 @@ class DjangoBackoutStore:
             page = list(rows.values_list(*COLUMNS)[offset : offset + limit])
         return [self._read(row) for row in page]
 
-    def payloads(self, offset: int, limit: int) -> builtins.list[tuple[str, bytes]]:
-        check_page(limit, offset)
-        rows = self._rows().order_by("-parked_at", "-id").values_list("id", "payload")
+    def payloads(self, after: str, limit: int) -> tuple[str, builtins.list[tuple[str, bytes]]]:
+        # By primary key from the last one seen: ids never change, so no row is passed over.
+        check_page(limit, 0)
+        rows = self._rows().filter(pk__gt=after).order_by("pk").values_list("id", "payload")
         with reachable():
-            return [(i, bytes(p)) for i, p in rows[offset : offset + limit]]
+            page = [(str(i), bytes(p)) for i, p in rows[:limit]]
+        return (page[-1][0] if len(page) == limit and limit else ""), page
+
+    def payload(self, entry_id: str) -> bytes | None:
+        with reachable():
+            found = self._rows().filter(pk=entry_id).values_list("payload", flat=True).first()
+        return None if found is None else bytes(found)
 
     def rewrite(self, entry_id: str, old: bytes, new: bytes) -> bool:
         # One UPDATE that matches the bytes read: a compare-and-set, as rewrite.lua.
@@ -330,13 +358,7 @@ def make_store(runtime: Runtime) -> DjangoBackoutStore:
     """The store of ``resilience_backout_store = "django"``, on the ``default`` database."""
     config = runtime.config
     return DjangoBackoutStore(
-        codec=Codec.of(config),
+        codec=runtime.codec(),
         max_entries=config.backout_max_entries,
         dead_ttl=config.dead_ttl,
     )
-
-
-def _chunks(ids: Sequence[str]) -> Iterator[builtins.list[str]]:
-    """``ids`` in lists small enough for one statement on every backend."""
-    for start in range(0, len(ids), _CHUNK):
-        yield list(ids[start : start + _CHUNK])

@@ -3,7 +3,7 @@
 from django.db import migrations, models
 
 
-class Migration(migrations.Migration):  # type: ignore[misc]  # Django is untyped here
+class Migration(migrations.Migration):
     initial = True
 
     dependencies: list[tuple[str, str]] = []

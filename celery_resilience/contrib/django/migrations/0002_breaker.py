@@ -1,7 +1,7 @@
 from django.db import migrations, models
 
 
-class Migration(migrations.Migration):  # type: ignore[misc]  # Django is untyped here
+class Migration(migrations.Migration):
     dependencies = [
         ("celery_resilience", "0001_initial"),
     ]

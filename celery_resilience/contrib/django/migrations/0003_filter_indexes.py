@@ -7,7 +7,7 @@ rows): run it when the store is quiet.
 from django.db import migrations, models
 
 
-class Migration(migrations.Migration):  # type: ignore[misc]  # Django is untyped here
+class Migration(migrations.Migration):
     dependencies = [
         ("celery_resilience", "0002_breaker"),
     ]

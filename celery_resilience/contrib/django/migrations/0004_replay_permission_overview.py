@@ -8,7 +8,7 @@ Building the ``task_name`` index holds writes to the table back for as long as i
 from django.db import migrations, models
 
 
-class Migration(migrations.Migration):  # type: ignore[misc]  # Django is untyped here
+class Migration(migrations.Migration):
     dependencies = [
         ("celery_resilience", "0003_filter_indexes"),
     ]

@@ -1,0 +1,1 @@
+"""A delivery of a ``ResilientTask``, from its admission to its end."""
