@@ -21,7 +21,7 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_resilience import Resilience
+from celery_resilience import RateLimited, Resilience
 from tests.support import admin_world
 from tests.support.admin_world import (  # noqa: F401  # fixtures, by name
     BREAKERS,
@@ -419,6 +419,53 @@ def test_breakers_page_shows_state_counts_and_open_until(
     assert pay["parked"] == "0"
     for action in ("open", "close", "reset"):
         assert f'href="{BREAKERS_URL}payments/{action}/"' in page
+
+
+def test_breakers_page_shows_what_a_retry_budget_and_a_rate_limit_refused(
+    make_admin_app: Callable[..., Resilience], admin_client: Any
+) -> None:
+    # given: a breaker with a retry budget that refused retries, one with a rate limit that
+    # turned calls away, and one with neither
+    res = make_admin_app(
+        "redis",
+        breakers={
+            "gateway": {"retry_budget": 0.2, "min_retries_per_second": 1},
+            "hook": {"rate_limit": "1/m"},
+            "plain": {},
+        },
+    )
+    gateway = res.breaker("gateway")
+    for _ in range(10):
+        gateway.acquire().success()
+    # 20 % of 10 calls, plus the floor of 1/s over the window: well under 100
+    granted = gateway.spend_retries(100)
+    assert 0 < granted < 100
+    hook = res.breaker("hook")
+    hook.call(lambda: None)
+    for _ in range(3):
+        with pytest.raises(RateLimited):
+            hook.call(lambda: None)
+    res.runtime.flush()  # the turned-away count reaches Redis at a lease or a flush
+    res.breaker("plain").acquire().success()
+    # when: the page is read
+    page = text(admin_client.get(BREAKERS_URL))
+    # then: each limit says what it did; a breaker without one shows none
+    assert "Limits</th>" in page
+    assert row_of(page, "gateway")["limits"] == (
+        f"retry budget 20% + 1/s: {granted} retries in the window, {100 - granted} refused"
+    )
+    assert row_of(page, "hook")["limits"] == "rate limit 1/m: 3 calls turned away"
+    assert row_of(page, "plain")["limits"] == "—"
+
+
+def test_breakers_page_has_no_limits_column_without_a_limit(
+    make_admin_app: Callable[..., Resilience], admin_client: Any
+) -> None:
+    make_admin_app("redis").breaker("payments").acquire().success()
+    page = text(admin_client.get(BREAKERS_URL))
+    assert "payments" in page
+    assert "Limits</th>" not in page
+    assert "field-limits" not in page
 
 
 def test_a_breaker_whose_name_has_a_slash_can_be_steered(

@@ -63,18 +63,21 @@ def make_admin_app(
     django_db: None, redis_url: str, key_prefix: str, queue: str, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[Callable[[str], Resilience]]:
     """``make(store)``: the app the admin finds through ``CELERY_RESILIENCE_APP``, parking in
-    ``store`` ("redis" or "django"), and its Resilience."""
+    ``store`` ("redis" or "django"), and its Resilience (``breakers``: other breakers than
+    ``BREAKERS``)."""
     from django.test import override_settings
 
     made: list[Resilience] = []
 
-    def make(store: str, redis_at: str = redis_url) -> Resilience:
+    def make(
+        store: str, redis_at: str = redis_url, breakers: dict[str, Any] | None = None
+    ) -> Resilience:
         app = Celery("admin-test", broker=redis_url, set_as_current=False)
         app.conf.task_default_queue = queue
         app.conf.resilience_redis_url = redis_at
         app.conf.resilience_key_prefix = key_prefix
         app.conf.resilience_backout_store = store
-        app.conf.resilience_breakers = BREAKERS
+        app.conf.resilience_breakers = BREAKERS if breakers is None else breakers
         app.conf.resilience_sensitive_keys = SENSITIVE
         app.task(name=TASK, shared=False)(charge)
         monkeypatch.setattr(f"{__name__}.APP", app)

@@ -21,6 +21,7 @@ from django.urls import path, reverse
 
 from ...backout.store import NO_BREAKER
 from ...breaker_listing import is_known, listing
+from ...config import BreakerConfig
 from ...known_tasks import masking_of
 from ...maintenance import LeverAction, Window, pull, start, windows
 from ...redact import get_logger, redact
@@ -132,6 +133,24 @@ def row(
     }
 
 
+def limits(config: BreakerConfig, snap: dict[str, Any]) -> builtins.list[str]:
+    """What a breaker's retry budget and fleet-wide rate limit did, one phrase each (none for
+    a breaker without them): the retries they refused are parked tasks, the calls turned away
+    tasks that wait in the broker."""
+    phrases = []
+    if config.retry_budget is not None:
+        phrases.append(
+            f"retry budget {config.retry_budget:.0%} + {config.min_retries_per_second:g}/s: "
+            f"{snap['window_retries']} retries in the window, "
+            f"{snap['retry_budget_refused_total']} refused"
+        )
+    if config.rate_limit is not None:
+        phrases.append(
+            f"rate limit {config.rate_limit}: {snap['rate_limited_total']} calls turned away"
+        )
+    return phrases
+
+
 def holding(window: Window | None, snap: dict[str, Any]) -> Window | None:
     """``window`` if it is what holds the breaker now: a record outlives its hold for a moment
     when a lever drops the hold as a new window is recorded."""
@@ -220,6 +239,7 @@ class BreakerAdmin(RedactedMessages, admin.ModelAdmin):
                 limit = breaker.config.max_concurrent_calls
                 snap = breaker.snapshot()
                 line = row(name, snap, now, limit, holding(notes.get(name), snap))
+                line["limits"] = limits(breaker.config, snap)
                 line["parked_url"] = self._parked_url(name, in_database)
                 line["parked"], line["dead"] = counts.get(name, (0, 0))
                 line["last_error"] = last_error(res, name) if sum(counts.get(name, ())) else ""
@@ -240,6 +260,7 @@ class BreakerAdmin(RedactedMessages, admin.ModelAdmin):
             unbreakered=sum(unbreakered),
             # Only where a breaker has a bulkhead: the page keeps to the screen's width.
             any_bulkhead=any(line["in_flight"] != "—" for line in rows),
+            any_limits=any(line["limits"] for line in rows),
             error=problem,
             can_steer=can_steer,
             **(extra_context or {}),
