@@ -19,6 +19,7 @@ from tests.support.services import REDIS_URL
 pytest_plugins = (
     "pytester",
     "tests.support.kinds",
+    "tests.support.schedule",
     "tests.support.worker_world",
     "tests.support.cli",
     "tests.support.fleet",

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+from types import SimpleNamespace
+from typing import cast
 
 import pytest
 from celery import Celery, _state
 
 from tests.support.drain_world import TASK, drain_setup
+from tests.support.schedule import durations, longest_first
 from tests.support.sources import parse
 
 pytestmark = pytest.mark.unit
@@ -120,3 +123,26 @@ def test_a_task_a_support_world_registers_stays_on_its_app() -> None:
     assert TASK in app.tasks
     assert set(_state._on_app_finalizers) == shared_before
     app.close()
+
+
+def test_the_longest_modules_are_handed_out_first_and_a_module_stays_whole() -> None:
+    def item(module: str, name: str) -> pytest.Item:
+        return cast(pytest.Item, SimpleNamespace(path=TESTS / module, name=name))
+
+    items = [
+        item("test_a.py", "a1"),
+        item("test_a.py", "a2"),
+        item("test_new.py", "n1"),
+        item("test_b.py", "b1"),
+        item("test_c.py", "c1"),
+        item("test_c.py", "c2"),
+    ]
+    seconds = {"test_a.py": 3.0, "test_b.py": 90.0, "test_c.py": 3.0}
+    ordered = [it.name for it in longest_first(items, seconds)]
+    assert ordered == ["b1", "a1", "a2", "c1", "c2", "n1"]
+
+
+def test_the_recorded_durations_name_modules_of_the_suite() -> None:
+    recorded = durations()
+    assert recorded, "tests/durations.json is missing or empty: scripts/durations.py writes it"
+    assert sorted(set(recorded) - {path.name for path in TESTS.glob("test_*.py")}) == []
