@@ -176,7 +176,8 @@ def test_a_failure_that_trips_the_breaker_is_an_event_on_the_current_span(
     assert events[0].attributes["resilience.breaker.state"] == "open"
     # The park that followed (retries exhausted) sits under the same run.
     [park] = named(spans, "resilience.park")
-    assert park.parent is not None and run.context is not None
+    assert park.parent is not None
+    assert run.context is not None
     assert park.parent.span_id == run.context.span_id
 
 
@@ -204,7 +205,8 @@ def test_a_replay_links_to_the_span_that_parked_it(
     assert drain.attributes is not None
     assert drain.attributes["resilience.drain.kind"] == "run"
     assert drain.attributes["resilience.drain.replayed"] == 1
-    assert replay.parent is not None and drain.context is not None
+    assert replay.parent is not None
+    assert drain.context is not None
     assert replay.parent.span_id == drain.context.span_id
     # The replayed run (eager: at once) is admitted, linked to the park too.
     admissions = named(spans, "resilience.admission")
