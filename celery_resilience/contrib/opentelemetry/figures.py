@@ -50,7 +50,11 @@ def families_of(runtime: Runtime) -> list[Any]:
     """Every metric family the collector yields, asked of an empty store in memory: the
     instruments exist from the start, whether or not Redis can be read then."""
     config = dataclasses.replace(runtime.config, redis_url=MEMORY_URL, tracing=False)
-    return list(ResilienceCollector(Runtime(runtime.app, config)).collect())
+    empty = Runtime(runtime.app, config)
+    try:
+        return list(ResilienceCollector(empty).collect())
+    finally:
+        empty.close()
 
 
 class Figures:
