@@ -13,13 +13,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from celery_resilience.breaker.knowledge import MAX_KNOWLEDGE_AGE
-from celery_resilience.contrib.opentelemetry import trace
+from celery_resilience.contrib.opentelemetry import observe, trace
 from celery_resilience.headers import parked_span
+from celery_resilience.metrics import ResilienceCollector
 
 from .support.waiting import wait_for
 from .support.worker_process import WorkerProcess, force_open_for_workers
@@ -43,6 +46,28 @@ def of_task(spans: list[dict[str, Any]], name: str, task_id: str) -> list[dict[s
         for s in spans
         if s["name"] == name and s["attributes"].get("resilience.task_id") == task_id
     ]
+
+
+def points(reader: InMemoryMetricReader, name: str) -> dict[tuple[tuple[str, Any], ...], float]:
+    """The data points of metric ``name``, by their attributes."""
+    data = reader.get_metrics_data()
+    found: dict[tuple[tuple[str, Any], ...], float] = {}
+    for resource in data.resource_metrics if data is not None else ():
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                if metric.name == name:
+                    for point in metric.data.data_points:
+                        key = tuple(sorted(dict(point.attributes or {}).items()))
+                        found[key] = point.value  # type: ignore[union-attr]
+    return found
+
+
+def prometheus(world: World, name: str) -> dict[tuple[tuple[str, Any], ...], float]:
+    """The samples of family ``name`` as the Prometheus collector reads them now."""
+    for family in ResilienceCollector(world.resilience.runtime).collect():
+        if family.name == name:
+            return {tuple(sorted(s.labels.items())): s.value for s in family.samples}
+    return {}
 
 
 def ids(span: dict[str, Any]) -> tuple[int, int]:
@@ -81,6 +106,13 @@ def test_a_replay_links_to_the_span_of_the_run_that_parked_it(
     trace_id, span_id = ids(park)
     assert kept.startswith(f"00-{trace_id:032x}-{span_id:016x}-")
 
+    # ... the metrics through OpenTelemetry read what the Prometheus collector reads, in Redis
+    reader = InMemoryMetricReader()
+    observe(world.app, MeterProvider(metric_readers=[reader]))
+    by_reason = (("breaker", "dep"), ("reason", "breaker_open"))
+    assert points(reader, "celery_resilience_parked") == {by_reason: 1}
+    assert prometheus(world, "celery_resilience_parked") == {by_reason: 1}
+
     # ... and once the dependency is back, a drain replays it and the worker runs it
     world.dependency(up=True)
     breaker.reset()
@@ -110,4 +142,9 @@ def test_a_replay_links_to_the_span_of_the_run_that_parked_it(
         trace_id,
         span_id,
     )
+    replayed = wait_for(
+        lambda: points(reader, "celery_resilience_replayed").get((("breaker", "dep"),)),
+        "the replay counted in the OpenTelemetry metrics",
+    )
+    assert replayed == 1
     world.assert_ledger()
