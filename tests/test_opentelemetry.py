@@ -7,6 +7,7 @@ Each test makes its own ``TracerProvider``/``MeterProvider`` and hands it to the
 
 from __future__ import annotations
 
+import importlib.util
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -113,6 +114,19 @@ def test_a_setting_that_is_not_a_bool_is_refused_by_name(make_app: Callable[...,
         Resilience.for_app(make_app(resilience_tracing="yes"))
 
 
+def test_tracing_without_the_extra_is_refused_by_name(
+    make_app: Callable[..., Celery], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    found = importlib.util.find_spec
+
+    def without_opentelemetry(name: str, *args: Any) -> Any:
+        return None if name == "opentelemetry" else found(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", without_opentelemetry)
+    with pytest.raises(ConfigurationError, match=r"resilience_tracing .*opentelemetry extra"):
+        Resilience.for_app(make_app(resilience_tracing=True))
+
+
 # -- spans -------------------------------------------------------------------------------------
 def test_a_task_turned_away_by_an_open_breaker_is_admitted_no_and_parked_in_a_span(
     make_app: Callable[..., Celery], spans: InMemorySpanExporter
@@ -215,6 +229,20 @@ def test_a_replay_links_to_the_span_that_parked_it(
         True,
     ]
     assert [link.context.span_id for link in admissions[1].links] == [park.context.span_id]
+
+
+def test_beats_drain_pass_is_a_span_of_kind_pass(
+    make_app: Callable[..., Celery], spans: InMemorySpanExporter
+) -> None:
+    app = make_app()
+    trace(app, provider(spans))
+
+    Resilience.for_app(app).drain_once()
+
+    [drain] = named(spans, "resilience.drain")
+    assert drain.attributes is not None
+    assert drain.attributes["resilience.drain.kind"] == "pass"
+    assert drain.attributes["resilience.drain.replayed"] == 0
 
 
 def test_an_entry_parked_without_a_span_replays_unlinked(
