@@ -1,6 +1,7 @@
 """Where a task's time goes: the per-task CPU of ``ResilientTask`` over a plain task, profiled.
 
     python benchmarks/hotpath.py [--tasks N] [--redis-url URL] [--top K] [--retry-budget R]
+                                 [--tracing]
 
 Runs N no-op deliveries of a plain task and of a ``ResilientTask`` on a closed breaker through
 Celery's own tracer (``build_tracer``: what a worker runs for each message, minus the broker),
@@ -9,7 +10,9 @@ Prints the CPU time per task of each (``time.process_time``), the difference, th
 per task (``INFO commandstats`` of the resilience Redis), and the functions of the package (and
 of redis-py, when they are called) that take the most time under cProfile. ``--retry-budget``
 gives the breaker a retry budget: first attempts are counted in the window's existing buckets,
-so it costs a closed breaker's success path nothing more.
+so it costs a closed breaker's success path nothing more. ``--tracing`` turns the package's spans
+on (the ``opentelemetry`` extra), into an SDK ``TracerProvider`` that keeps them nowhere: what
+the spans themselves cost, without an exporter's.
 
 It uses its own key prefix and deletes what it made.
 """
@@ -90,15 +93,31 @@ def cpu_per_task(run: Callable[[], None], count: int) -> float:
     return (time.process_time() - started) / count * 1e6
 
 
-def main() -> None:
+def traced(app: Celery) -> None:
+    """The package's spans on, into a provider that keeps them nowhere."""
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from celery_resilience.contrib.opentelemetry import trace
+
+    trace(app, TracerProvider())
+
+
+def arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tasks", type=int, default=20_000)
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/15")
     parser.add_argument("--top", type=int, default=12)
     parser.add_argument("--retry-budget", type=float, default=None)
-    args = parser.parse_args()
+    parser.add_argument("--tracing", action="store_true")
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = arguments()
     prefix = f"bench-hot-{uuid.uuid4().hex[:8]}"
     app = make_app(args.redis_url, prefix, args.retry_budget)
+    if args.tracing:
+        traced(app)
 
     @app.task(name="hot.plain", shared=False)
     def plain(i: int) -> None:
@@ -132,6 +151,7 @@ def main() -> None:
             redis_commands[name] = (commands(stats) - before - 1) / n
             own[name] = (sent.count - before_own) / n
         budget = "" if args.retry_budget is None else f", retry_budget={args.retry_budget}"
+        budget += ", tracing on" if args.tracing else ""
         print(f"{n} deliveries each, acks_late, closed breaker{budget}, Redis {args.redis_url}")
         print(f"  plain task       {cpu['plain']:8.1f} µs CPU/task")
         print(f"  ResilientTask    {cpu['resilient']:8.1f} µs CPU/task")

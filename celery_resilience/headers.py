@@ -26,6 +26,10 @@ TURNED_AWAY_HEADER = "resilience_turned_away"
 #: takes its bulkhead slot or probe, so that the main process can give them back when the pool
 #: child dies (``time_limits.py``). It describes one delivery, as ``redelivered`` does.
 DELIVERY_HEADER = "resilience_delivery"
+#: Kept in a parked entry's headers when tracing is on: the W3C ``traceparent`` of the span that
+#: parked it, so that its replay's span links to it (signed and sealed with the entry's other
+#: options; an entry without it replays unlinked).
+PARKED_SPAN_HEADER = "resilience_parked_span"
 #: kombu's mark of a message the broker delivered before (in its headers, on a Redis broker): it
 #: describes one delivery, and a message published again from it is a first delivery.
 REDELIVERED_HEADER = "redelivered"
@@ -138,3 +142,18 @@ def replay_headers(options: Mapping[str, Any], replays: int) -> dict[str, Any]:
     headers = dict(options.get("headers") or {})
     headers[REPLAYS_HEADER] = replays + 1
     return headers
+
+
+def parked_span(headers: Mapping[str, Any] | None) -> str | None:
+    """The ``traceparent`` of the span that parked an entry (:data:`PARKED_SPAN_HEADER`), if
+    its headers keep one."""
+    return _span((headers or {}).get(PARKED_SPAN_HEADER))
+
+
+def parked_span_of(request: Any) -> str | None:
+    """The ``traceparent`` of the span that parked this delivery's entry (a replay), if any."""
+    return _span(request_header(request, PARKED_SPAN_HEADER))
+
+
+def _span(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None

@@ -12,6 +12,7 @@ nothing opened by the parent is used, since a shared socket would interleave rep
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import threading
 import time
@@ -40,9 +41,13 @@ from .events import send_breaker_event
 from .fleet import Fleet
 from .redact import get_logger
 from .redis_io import make_client, redis_time
+from .tracing import Tracing
 from .trouble import TroubleLog
 
 logger = get_logger("celery_resilience")
+#: The module that turns ``resilience_tracing`` on, named rather than imported: it sits above
+#: the runtime, and imports OpenTelemetry.
+OPENTELEMETRY = "celery_resilience.contrib.opentelemetry"
 #: Derived breakers a process keeps made (a webhook sender calls thousands of hosts).
 DERIVED_KEPT = 1024
 #: The registry: each app's one runtime (an app that is collected takes its runtime along).
@@ -91,6 +96,10 @@ class Runtime:
         #: Send Flower-visible events for breaker transitions (off in tests that don't care).
         self.send_events = True
         self.transition_listeners: list[TransitionListener] = [self._send_transition_event]
+        #: The spans of the package's steps (``tracing.py``): ``None`` while tracing is off.
+        self.tracing: Tracing | None = None
+        if self.config.tracing:
+            importlib.import_module(OPENTELEMETRY).trace(self)
         #: Failures to park, to publish a retry, to drain: logged once per cause (own loggers).
         self.park_trouble = TroubleLog(get_logger("celery_resilience.park"), "parking")
         self.retry_trouble = TroubleLog(get_logger("celery_resilience.task"), "publishing retries")
@@ -137,6 +146,16 @@ class Runtime:
             if runtime is None:
                 runtime = _runtimes[app] = cls(app)
             return runtime
+
+    def use_tracing(self, tracing: Tracing | None) -> None:
+        """Make the package's spans with ``tracing`` from now on (``None``: none)."""
+        self.tracing = tracing
+        if self._trace_transition not in self.transition_listeners:
+            self.transition_listeners.append(self._trace_transition)
+
+    def _trace_transition(self, breaker: str, transition: str, state: str) -> None:
+        if self.tracing is not None:
+            self.tracing.transition(breaker, transition, state)
 
     def _send_transition_event(self, breaker: str, transition: str, state: str) -> None:
         if self.send_events:

@@ -42,7 +42,10 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "breaker.bulkhead",
         ),
     ),
-    ("stores", ("redis_io", "events", "fleet", "breaker", "breaker.*", "backout", "backout.*")),
+    (
+        "stores",
+        ("redis_io", "events", "fleet", "breaker", "breaker.*", "backout", "backout.*", "tracing"),
+    ),
     ("runtime", ("runtime",)),
     (
         "use cases",
@@ -142,9 +145,13 @@ def imports_of(module: str, path: Path, known: set[str]) -> set[str]:
 
 #: Modules named by a dotted string and imported lazily on purpose, as Celery's own
 #: ``BACKEND_ALIASES`` do: the setting ``resilience_backout_store = "django"`` names the optional
-#: Django store, which only a Django project can import. Every other string naming a module of
-#: the package obeys the layers like an import.
-PLUGIN_ALIASES = {("config.backout", "contrib.django.store")}
+#: Django store, which only a Django project can import; ``resilience_tracing = True`` names the
+#: OpenTelemetry module, which only the ``opentelemetry`` extra can import. Every other string
+#: naming a module of the package obeys the layers like an import.
+PLUGIN_ALIASES = {
+    ("config.backout", "contrib.django.store"),
+    ("runtime", "contrib.opentelemetry"),
+}
 
 
 def dotted_strings(path: Path, known: set[str]) -> set[str]:

@@ -34,6 +34,7 @@ from .broker import (
     native_delayed_delivery,
 )
 from .deployment import RedisDeployment, broker_options, deployment, kind_of, park_replicas
+from .tracing import tracing
 from .trust import (
     ErrorText,
     Keys,
@@ -117,6 +118,7 @@ SETTINGS = (
     "sensitive_keys",
     "entry_lifetime",
     "error_text",
+    "tracing",
 )
 #: Seconds an entry's signed lifetime lasts by default (30 days).
 DEFAULT_ENTRY_LIFETIME = 30 * 86400.0
@@ -178,6 +180,8 @@ class ResilienceConfig:
     entry_lifetime: float = DEFAULT_ENTRY_LIFETIME
     #: What of a task's error message reaches the result backend, events and log lines.
     error_text: ErrorText = "masked"
+    #: Spans and span events through OpenTelemetry's API (the ``opentelemetry`` extra).
+    tracing: bool = False
 
     def __repr__(self) -> str:
         return masked_repr(self)
@@ -325,4 +329,5 @@ class ResilienceConfig:
                 "resilience_entry_lifetime", get("entry_lifetime", DEFAULT_ENTRY_LIFETIME)
             ),
             error_text=error_text(get("error_text"), bool(sealing)),
+            tracing=tracing(get("tracing", False)),
         )

@@ -18,6 +18,7 @@ from ..backout.entry import ParkedTask, Reason
 from ..backout.masking import Masking
 from ..backout.store import EntryStore
 from ..headers import (
+    PARKED_SPAN_HEADER,
     REJECTED_HEADER,
     body_digest,
     entry_id,
@@ -40,11 +41,21 @@ def park(delivery: Delivery, reason: Reason, exc: Cause, due_in: float) -> Parke
     """``delivery`` as an entry, stored; the entry. Any error is the caller's to handle (keep
     the message in the broker)."""
     request, runtime = delivery.request, delivery.runtime
-    options = {**delivery.task.signature_from_request(request).options, **delivery.reprs()}
-    breaker, now = breaker_of(delivery), runtime.now()
-    entry = new_entry(delivery.task.name, request, options, breaker, reason, exc, now, due_in)
-    store(runtime.backout_store, entry, delivery.masking)
-    return entry
+    breaker = breaker_of(delivery)
+
+    def stored(span: str | None) -> ParkedTask:
+        options = {**delivery.task.signature_from_request(request).options, **delivery.reprs()}
+        now = runtime.now()
+        entry = new_entry(
+            delivery.task.name, request, options, breaker, reason, exc, now, due_in, span
+        )
+        store(runtime.backout_store, entry, delivery.masking)
+        return entry
+
+    tracing = runtime.tracing
+    if tracing is None:
+        return stored(None)
+    return tracing.park(delivery.task.name, request.id, breaker, reason, stored)
 
 
 def new_entry(
@@ -56,8 +67,10 @@ def new_entry(
     exc: Cause,
     now: float,
     due_in: float = 0.0,
+    span: str | None = None,
 ) -> ParkedTask:
-    """The entry for this delivery (``request``), with what publishing it again needs."""
+    """The entry for this delivery (``request``), with what publishing it again needs;
+    ``span``: the ``traceparent`` of the span that parks it, kept in its headers."""
     retries, replays = request.retries or 0, replays_of(request)
     args, kwargs = request.args or (), request.kwargs or {}
     kept = publish_options(options)
@@ -69,6 +82,8 @@ def new_entry(
             **kept.get("headers", {}),
             REJECTED_HEADER: request_count(request, REJECTED_HEADER) + 1,
         }
+    if span is not None:  # signed and sealed with the rest of the options
+        kept["headers"] = {**kept.get("headers", {}), PARKED_SPAN_HEADER: span}
     exc_type, exc_message = exc if isinstance(exc, tuple) else ("", "")
     return ParkedTask.new(
         task_name=task_name,

@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+from ..headers import parked_span_of
 from ..redact import get_logger
 from . import dedup, kept
 from .admission import admission
@@ -48,8 +49,18 @@ def admit(delivery: Delivery) -> TurnedDown | None:
     request = delivery.request
     if copy := kept.kept_park(request):  # a park failed: park again, body not run
         return KeptCopy(copy[0], copy[1:])
+    tracing = delivery.runtime.tracing
     try:
-        admitted = admission(delivery)
+        if tracing is None:  # the common case: no span, nothing more asked
+            admitted = admission(delivery)
+        else:
+            admitted = tracing.admission(
+                delivery.task.name,
+                request.id,
+                breaker_of(delivery) or delivery.options.breaker,
+                parked_span_of(request),
+                lambda: admission(delivery),
+            )
     except Exception as exc:  # our own machinery failed before the body ran
         logger.exception("Admission of %s[%s] failed", delivery.task.name, request.id)
         return AdmissionFailed(exc)

@@ -38,7 +38,7 @@ from .drain_pass import DrainPass
 from .gate import decide, look
 from .lock import drain_lock
 from .pace import BreakerPace, TokenBucket
-from .report import DrainReport, counters, left_due, tally
+from .report import DrainReport, counters, figures, left_due, tally
 from .status import mark_drained
 
 logger = get_logger("celery_resilience.drain")
@@ -85,7 +85,7 @@ class Drainer:
                 replayed = self._drain_breaker(name, budget, lock, bucket, report)
                 budget = None if budget is None else budget - replayed
 
-        return self._under_lock(lock_ttl, body)
+        return self._under_lock(lock_ttl, body, "run")
 
     def drain_once(self, breaker: str | None = None, limit: int | None = None) -> DrainReport:
         """One pass: what is allowed now, then return (beat's task); never waits for anything."""
@@ -95,7 +95,7 @@ class Drainer:
             drain_pass = DrainPass(self.runtime, self.batches, self.lease, report)
             drain_pass.run(names, every=breaker is None, limit=limit)
 
-        return self._under_lock(self.lease, body)
+        return self._under_lock(self.lease, body, "pass")
 
     def step(self, breaker: str | None = None, limit: int | None = None) -> DrainReport:
         """Deprecated: :meth:`drain_once` (one pass)."""
@@ -105,7 +105,17 @@ class Drainer:
         return self.drain_once(breaker, limit)
 
     # -- the two runs' shared frame ----------------------------------------------------------
-    def _under_lock(self, lock_ttl: float, body: Callable[[Any, DrainReport], None]) -> DrainReport:
+    def _under_lock(
+        self, lock_ttl: float, body: Callable[[Any, DrainReport], None], kind: str
+    ) -> DrainReport:
+        """The run ``body`` under the drain's lock, inside a span when tracing is on (``kind``:
+        ``pass`` or ``run``)."""
+        tracing = self.runtime.tracing
+        if tracing is None:
+            return self._locked(lock_ttl, body)
+        return tracing.drain(kind, lambda: self._locked(lock_ttl, body), figures)
+
+    def _locked(self, lock_ttl: float, body: Callable[[Any, DrainReport], None]) -> DrainReport:
         started = time.monotonic()
         report = DrainReport()
         try:

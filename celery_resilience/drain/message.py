@@ -25,6 +25,14 @@ def publish(runtime: Runtime, entry: ParkedTask, producer: Any = None) -> None:
     run for a second per entry of an outage. With a ``producer``, a queue named in the options
     is given as its copy bound to the producer's channel (:class:`BoundQueues`).
     """
+    tracing = runtime.tracing
+    if tracing is None:
+        _publish(runtime, entry, producer)
+    else:
+        tracing.replay(entry, lambda: _publish(runtime, entry, producer))
+
+
+def _publish(runtime: Runtime, entry: ParkedTask, producer: Any) -> None:
     options = replay_options(runtime, dict(entry.options))
     if producer is not None:
         queues = BoundQueues.of(runtime.app, producer)

@@ -41,6 +41,18 @@ class DrainReport:
         return asdict(self)
 
 
+def figures(report: DrainReport) -> dict[str, int]:
+    """The report's counts, as a drain's span shows them."""
+    return {
+        "replayed": report.replayed,
+        "skipped": report.skipped,
+        "dead": report.dead,
+        "held": report.held,
+        "errors": report.errors,
+        "locked": int(report.locked),
+    }
+
+
 def tally(report: DrainReport, name: str, outcome: BatchOutcome) -> None:
     """Count a batch of breaker ``name`` in the run's report."""
     stats = report.breakers[name]
