@@ -16,7 +16,7 @@ import pytest
 from celery import Celery
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import NonRecordingSpan, SpanContext
@@ -26,6 +26,7 @@ from celery_resilience import ConfigurationError, Resilience, ResilientTask
 from celery_resilience.backout.codec import Codec
 from celery_resilience.backout.trust import Untrusted
 from celery_resilience.contrib.opentelemetry import OpenTelemetryTracing, observe, trace
+from celery_resilience.contrib.opentelemetry import spans as spans_module
 from celery_resilience.contrib.opentelemetry.spans import links, traceparent
 from celery_resilience.headers import PARKED_SPAN_HEADER, parked_span
 from celery_resilience.metrics import ResilienceCollector
@@ -120,7 +121,8 @@ def test_tracing_without_the_extra_is_refused_by_name(
     found = importlib.util.find_spec
 
     def without_opentelemetry(name: str, *args: Any) -> Any:
-        return None if name == "opentelemetry" else found(name, *args)
+        # As where only another opentelemetry-* distribution makes the namespace importable.
+        return None if name == "opentelemetry.trace" else found(name, *args)
 
     monkeypatch.setattr(importlib.util, "find_spec", without_opentelemetry)
     with pytest.raises(ConfigurationError, match=r"resilience_tracing .*opentelemetry extra"):
@@ -282,6 +284,151 @@ def test_the_kept_span_is_covered_by_the_entry_signature(
     other = kept[:-2] + ("00" if kept.endswith("01") else "01")
     with pytest.raises(Untrusted, match="signature"):
         codec.decode(data.replace(kept.encode(), other.encode()), entry.id)
+
+
+# -- tracing that fails ------------------------------------------------------------------------
+class Failing(SpanProcessor):
+    """A span processor that raises as a span of one name starts or ends (an exporter that
+    fails, a bug in a processor)."""
+
+    def __init__(self, name: str, at: str) -> None:
+        self.name, self.at = name, at
+
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        if self.at == "start" and span.name == self.name:
+            raise RuntimeError(f"processor fails as {self.name} starts")
+
+    def on_end(self, span: ReadableSpan) -> None:
+        if self.at == "end" and span.name == self.name:
+            raise RuntimeError(f"processor fails as {self.name} ends")
+
+
+def failing(name: str, at: str) -> TracerProvider:
+    made = TracerProvider()
+    made.add_span_processor(Failing(name, at))
+    return made
+
+
+@pytest.fixture
+def tracing_log(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> pytest.LogCaptureFixture:
+    """The warnings of tracing's own errors, each kind logged afresh for this test."""
+    monkeypatch.setattr(spans_module, "_REPORTED", set())
+    caplog.set_level("WARNING", logger="celery_resilience.tracing")
+    return caplog
+
+
+def counting_task(app: Celery, runs: list[int]) -> Any:
+    def charge(order_id: int) -> int:
+        runs.append(order_id)
+        return order_id
+
+    return app.task(
+        base=ResilientTask, shared=False, lazy=False, name="otel.counted", breaker="dep"
+    )(charge)
+
+
+AT = pytest.mark.parametrize("at", ["start", "end"])
+
+
+@AT
+def test_a_park_whose_span_fails_is_stored_once_and_kept_nowhere_else(
+    make_app: Callable[..., Celery], tracing_log: pytest.LogCaptureFixture, at: str
+) -> None:
+    app = make_app()
+    trace(app, failing("resilience.park", at))
+    runs: list[int] = []
+    counted = counting_task(app, runs)
+    Resilience.for_app(app).breaker("dep").force_open()
+
+    counted.apply(args=(7,))
+
+    assert len(Resilience.for_app(app).backout.list()) == 1
+    assert "kept in the broker" not in tracing_log.text
+    assert runs == []
+    assert [r.message for r in tracing_log.records if r.name == "celery_resilience.tracing"] == [
+        f"Tracing could not {at} a resilience.park span (RuntimeError: processor fails as "
+        f"resilience.park {at}s): the step goes on without it"
+    ]
+
+
+@AT
+def test_a_replay_whose_span_fails_is_published_once_and_acked(
+    make_app: Callable[..., Celery], tracing_log: pytest.LogCaptureFixture, at: str
+) -> None:
+    app = make_app()
+    runs: list[int] = []
+    counted = counting_task(app, runs)
+    breaker = Resilience.for_app(app).breaker("dep")
+    breaker.force_open()
+    counted.apply(args=(7,))
+    breaker.reset()
+    trace(app, failing("resilience.replay", at))
+
+    report = Resilience.for_app(app).drain()
+
+    assert (report.replayed, report.dead) == (1, 0)
+    assert runs == [7]  # eager: the replay ran at its publish, once
+    assert Resilience.for_app(app).backout.list() == []
+    assert "Tracing could not" in tracing_log.text
+
+
+@AT
+def test_an_admission_whose_span_fails_runs_the_body(
+    make_app: Callable[..., Celery], tracing_log: pytest.LogCaptureFixture, at: str
+) -> None:
+    app = make_app()
+    trace(app, failing("resilience.admission", at))
+    runs: list[int] = []
+    counted = counting_task(app, runs)
+
+    assert counted.apply(args=(7,)).get() == 7
+
+    assert runs == [7]
+    assert Resilience.for_app(app).backout.list() == []
+    assert "Tracing could not" in tracing_log.text
+
+
+@AT
+def test_a_drain_whose_span_fails_reports_what_it_did(
+    make_app: Callable[..., Celery], tracing_log: pytest.LogCaptureFixture, at: str
+) -> None:
+    app = make_app()
+    runs: list[int] = []
+    counted = counting_task(app, runs)
+    breaker = Resilience.for_app(app).breaker("dep")
+    breaker.force_open()
+    counted.apply(args=(7,))
+    breaker.reset()
+    trace(app, failing("resilience.drain", at))
+
+    assert Resilience.for_app(app).drain().replayed == 1
+    assert runs == [7]
+    assert "Tracing could not" in tracing_log.text
+
+
+def test_a_reparked_entry_does_not_keep_an_earlier_parks_span(
+    make_app: Callable[..., Celery], spans: InMemorySpanExporter
+) -> None:
+    app = make_app()
+    trace(app, provider(spans))
+    up = {"dep": True}
+    charge = charge_task(app, up)
+    breaker = Resilience.for_app(app).breaker("dep")
+    breaker.force_open()
+    charge.apply(args=(7,))
+    [entry] = Resilience.for_app(app).backout.list()
+    assert parked_span(entry.options["headers"]) is not None
+    # when: tracing is off where the replay runs, and it fails and is parked again
+    Runtime.for_app(app).use_tracing(None)
+    breaker.reset()
+    up["dep"] = False
+    assert Resilience.for_app(app).drain().replayed == 1
+    [again] = Resilience.for_app(app).backout.list()
+    assert again.reason != "breaker_open"  # parked by its run, not left by the drain
+    # then: the new entry names no span (its park made none), not the first park's
+    assert PARKED_SPAN_HEADER not in again.options.get("headers", {})
 
 
 # -- the pure parts ----------------------------------------------------------------------------

@@ -37,7 +37,9 @@ SIGNING_KEY = "otel-signing-key-" + "s" * 16
 def worker_spans(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line]
+    # Whole lines only: a pool child may be writing the last one as it is read.
+    whole = path.read_text().split("\n")[:-1]
+    return [json.loads(line) for line in whole if line]
 
 
 def of_task(spans: list[dict[str, Any]], name: str, task_id: str) -> list[dict[str, Any]]:

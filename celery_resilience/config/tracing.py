@@ -13,7 +13,7 @@ def tracing(value: Any) -> bool:
     ``opentelemetry`` extra), which is checked at start rather than at the first task."""
     if not isinstance(value, bool):
         raise invalid("resilience_tracing", value, "True or False")
-    if value and importlib.util.find_spec("opentelemetry") is None:
+    if value and not _api_installed():
         raise invalid(
             "resilience_tracing",
             value,
@@ -21,3 +21,12 @@ def tracing(value: Any) -> bool:
             "(pip install 'celery-resilience[opentelemetry]')",
         )
     return value
+
+
+def _api_installed() -> bool:
+    """Whether OpenTelemetry's tracing API can be imported: ``opentelemetry`` alone is a
+    namespace package that any ``opentelemetry-*`` distribution makes importable."""
+    try:
+        return importlib.util.find_spec("opentelemetry.trace") is not None
+    except ImportError:  # no ``opentelemetry`` at all
+        return False

@@ -84,6 +84,8 @@ def new_entry(
         }
     if span is not None:  # signed and sealed with the rest of the options
         kept["headers"] = {**kept.get("headers", {}), PARKED_SPAN_HEADER: span}
+    elif PARKED_SPAN_HEADER in kept.get("headers", {}):  # an earlier park's: not this one
+        kept["headers"] = {k: v for k, v in kept["headers"].items() if k != PARKED_SPAN_HEADER}
     exc_type, exc_message = exc if isinstance(exc, tuple) else ("", "")
     return ParkedTask.new(
         task_name=task_name,

@@ -11,6 +11,7 @@ where the app's metrics should come from, not in every worker.
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -65,6 +66,7 @@ class Figures:
         self._lock = threading.Lock()
         self._read_at = -FRESH_FOR
         self._samples: dict[str, list[Observation]] = {}
+        self._pid = os.getpid()
 
     def callback(self, name: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
         """The callback of the instrument of family ``name``."""
@@ -75,11 +77,20 @@ class Figures:
         return observations
 
     def of(self, name: str) -> list[Observation]:
-        """The samples of family ``name`` now (none when it could not be read)."""
+        """The samples of family ``name`` now (none when they could not be read, and none in a
+        process forked from the one that called :func:`observe`: a prefork worker's children
+        would each report the fleet's figures again)."""
+        if os.getpid() != self._pid:
+            return []
         with self._lock:
             if time.monotonic() - self._read_at >= FRESH_FOR:
-                self._samples = samples(self.collector.collect())
-                self._read_at = time.monotonic()
+                try:
+                    self._samples = samples(self.collector.collect())
+                except Exception:  # nothing stale is reported as now
+                    self._samples = {}
+                    raise
+                finally:  # a failed read too serves the collection's other instruments
+                    self._read_at = time.monotonic()
             return self._samples.get(name, [])
 
 
