@@ -526,7 +526,8 @@ def see_masked_and_held(browser: Any, steps: Steps) -> None:
     wait.until(lambda d: d.find_elements(By.ID, "result_list"))
     seconds = load_seconds(browser)
     steps.mark(f"list of {BULK + 30} entries loaded in {seconds:.2f} s")
-    assert seconds < 5.0, seconds  # a few round trips, none a row (0.1-0.3 s unloaded)
+    # What it costs is held in tests/test_django_admin.py: the same round trips for 40 entries
+    # or 400 (the time is the host's: 0.1-0.3 s unloaded).
     assert SECRET not in browser.page_source
     assert browser.find_element(By.ID, "total").text == f"{BULK + 30} entries"
     assert browser.find_element(By.ID, "page").text == "page 1 of 21"

@@ -359,6 +359,32 @@ def test_list_rows_show_short_ids_and_relative_times_with_the_whole_on_hover(
     assert "breaker_open" in page or "breaker open" in page
 
 
+def test_the_stores_list_costs_the_same_round_trips_for_40_entries_or_400(
+    make_admin_app: Callable[..., Resilience], admin_client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A page of the Redis store's list reads its rows in a few round trips, none a row, and
+    counts the filter's entries without reading them."""
+    res = make_admin_app("redis")
+    sent = {"commands": 0}
+    original: Callable[..., Any] = redis.connection.AbstractConnection.send_packed_command
+
+    def counting(self: Any, *args: Any, **kwargs: Any) -> Any:
+        sent["commands"] += 1
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(redis.connection.AbstractConnection, "send_packed_command", counting)
+    costs = []
+    for total in (40, 400):
+        for n in range(total - sum(1 for _ in res.backout.list(limit=1000))):
+            park(res, n)
+        text(admin_client.get(STORE_URL))  # warm: connections made, scripts loaded
+        before = sent["commands"]
+        page = text(admin_client.get(STORE_URL))
+        costs.append(sent["commands"] - before)
+        assert f'<span id="total">{total} entries</span>' in page, total
+    assert costs[1] == costs[0], costs
+
+
 # -- the breakers' page ---------------------------------------------------------------------
 
 

@@ -74,11 +74,12 @@ def test_round_trips_of_a_drain_do_not_grow_with_the_entries_of_a_batch(
         before = round_trips.calls
         assert resilience.drain().replayed == size
         counts.append(round_trips.calls - before)
-    # The same few round trips a drain (a redis-py health check PING may fall in either), and
-    # the messages themselves: kombu before 5.7 publishes them one by one, a round trip each.
-    # Any other cost per entry would add 95 more.
+    # The same few round trips a drain, and the messages themselves: kombu before 5.7 publishes
+    # them one by one, a round trip each. Any other cost per entry would add 95 more; a few may
+    # fall due with time alone (a health check PING, a refresh of what the process knows) in
+    # the longer drain of a loaded host.
     per_message = 0 if publishes_in_batches(resilience) else 1
-    assert abs(counts[1] - counts[0] - per_message * 95) <= 2, counts
+    assert abs(counts[1] - counts[0] - per_message * 95) <= 15, counts
 
 
 def test_an_error_before_the_publish_gives_the_batch_back_at_once(
