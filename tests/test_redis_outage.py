@@ -16,7 +16,9 @@ from celery import Celery
 
 from celery_resilience import BreakerOpen, Resilience
 from celery_resilience.breaker import Breaker
+from celery_resilience.breaker.knowledge import MAX_KNOWLEDGE_AGE
 from tests.support.redis_server import RedisServer, free_port
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -185,6 +187,14 @@ def test_a_stopped_redis_follows_the_policy_and_a_restarted_one_is_used_again(
     assert breaker.snapshot()["consecutive_failures"] == 1
 
     server.stop()
+    # A process that knew the breaker closed admits on that alone until it hears of the drop
+    # (its watch thread) or the view ages out (the staleness bound, held by its own tests):
+    # the policy is what it follows from then on.
+    wait_for(
+        lambda: breaker._knowledge.admits("dep") is None,
+        "the process to stop trusting what it knew",
+        timeout=MAX_KNOWLEDGE_AGE + 10.0,
+    )
     assert_follows_policy(breaker, policy)
     assert outage_logs(caplog) == (1, 0)
 
