@@ -6,7 +6,6 @@ drain runs here, exporting to the SDK's ``InMemorySpanExporter``.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -24,6 +23,7 @@ from celery_resilience.contrib.opentelemetry import observe, trace
 from celery_resilience.headers import parked_span
 from celery_resilience.metrics import ResilienceCollector
 
+from .support.otel_spans import ids, of_task, worker_spans
 from .support.waiting import wait_for
 from .support.worker_process import WorkerProcess, force_open_for_workers
 from .support.worker_world import World
@@ -32,22 +32,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 #: Every entry is signed: the span context an entry keeps is under its signature.
 SIGNING_KEY = "otel-signing-key-" + "s" * 16
-
-
-def worker_spans(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    # Whole lines only: a pool child may be writing the last one as it is read.
-    whole = path.read_text().split("\n")[:-1]
-    return [json.loads(line) for line in whole if line]
-
-
-def of_task(spans: list[dict[str, Any]], name: str, task_id: str) -> list[dict[str, Any]]:
-    return [
-        s
-        for s in spans
-        if s["name"] == name and s["attributes"].get("resilience.task_id") == task_id
-    ]
 
 
 def points(reader: InMemoryMetricReader, name: str) -> dict[tuple[tuple[str, Any], ...], float]:
@@ -70,11 +54,6 @@ def prometheus(world: World, name: str) -> dict[tuple[tuple[str, Any], ...], flo
         if family.name == name:
             return {tuple(sorted(s.labels.items())): s.value for s in family.samples}
     return {}
-
-
-def ids(span: dict[str, Any]) -> tuple[int, int]:
-    """(trace id, span id) of a span as the SDK writes it in JSON."""
-    return int(span["context"]["trace_id"], 16), int(span["context"]["span_id"], 16)
 
 
 def test_a_replay_links_to_the_span_of_the_run_that_parked_it(
