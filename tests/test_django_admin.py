@@ -382,7 +382,9 @@ def test_the_stores_list_costs_the_same_round_trips_for_40_entries_or_400(
         page = text(admin_client.get(STORE_URL))
         costs.append(sent["commands"] - before)
         assert f'<span id="total">{total} entries</span>' in page, total
-    assert costs[1] == costs[0], costs
+    # A round trip that falls due with time (a health check PING, a refresh of what the process
+    # knows of the breakers) may come in either; one a row would add 360.
+    assert abs(costs[1] - costs[0]) <= 3, costs
 
 
 # -- the breakers' page ---------------------------------------------------------------------
