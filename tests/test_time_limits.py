@@ -123,8 +123,11 @@ def test_a_soft_time_limit_on_a_probe_reopens_the_breaker_at_once(world: MatrixW
         lambda: breaker.snapshot()["opened_total"] == trips + 1, "the probe to trip the breaker", 15
     )
     assert breaker.state == "open"
-    world.ledger.set(f"{world.prefix}:dep:latency", "0")
+    # Still hanging: the retry is parked whether it comes while the breaker is open or, on a
+    # slow host, as the next probe (which the limit ends too); a recovered dependency would let
+    # that probe succeed instead.
     parked_entry(world, ids[0])
+    world.ledger.set(f"{world.prefix}:dep:latency", "0")
     world.settle("soft time limit / half-open probe", ids).check()
 
 
@@ -159,8 +162,11 @@ def test_a_hard_time_limit_on_a_probe_reopens_the_breaker_at_once(world: MatrixW
         lambda: breaker.snapshot()["opened_total"] == trips + 1, "the probe to trip the breaker", 15
     )
     assert breaker.state == "open"
-    world.ledger.set(f"{world.prefix}:dep:latency", "0")
+    # Still hanging: the retry is parked whether it comes while the breaker is open or, on a
+    # slow host, as the next probe (which the limit ends too); a recovered dependency would let
+    # that probe succeed instead.
     parked_entry(world, ids[0])
+    world.ledger.set(f"{world.prefix}:dep:latency", "0")
     world.settle("hard time limit / half-open probe", ids).check()
 
 
