@@ -243,7 +243,7 @@ def test_a_park_that_fewer_replicas_hold_than_asked_is_store_unavailable(
             too_many.park(entry)
         assert too_many.get(entry.id) is None  # taken back: the message stays in the broker
         assert too_many.count() == 0
-        enough = RedisBackoutStore(client, prefix, replicas=1)
+        enough = RedisBackoutStore(client, prefix, replicas=1, replicas_timeout=1.0)
         again = ParkedTask.new(task_name="t", task_id="t-2", args=[], kwargs={}, reason="park_on")
         enough.park(again)
         assert enough.get(again.id) is not None

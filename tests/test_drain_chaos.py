@@ -69,9 +69,9 @@ def slowed_publish(seconds: float) -> Callable[..., None]:
 
 
 def drain_in_child(broker_url: str, prefix: str, queue: str) -> None:
-    """The drainer the test kills: one run, 20 ms a publish, ``LEASE`` lease."""
+    """The drainer the test kills: one run, 100 ms a publish, ``LEASE`` lease."""
     resilience = chaos_resilience(broker_url, prefix, queue)
-    sending.publish = slowed_publish(0.02)  # type: ignore[attr-defined]  # the drain's
+    sending.publish = slowed_publish(0.1)  # type: ignore[attr-defined]  # the drain's
     Drainer(resilience.runtime, lease=LEASE).run()
 
 
@@ -139,14 +139,16 @@ def test_drainer_killed_mid_batch_loses_nothing(
             stderr=subprocess.STDOUT,
         )
     try:
-        # When its first batch of 50 went out (one pipeline) and it is 20 messages into making
-        # its second (20 ms each) ...
+        # When its first batch of 50 went out (one pipeline) and was acked, and it is making its
+        # second (100 ms a message: 5 s before it goes out) ...
         wait_for(
-            lambda: sent_count(redis_client, queue) >= BATCH or child.poll() is not None,
-            "the child to publish",
+            lambda: (
+                (store.count() == 200 - BATCH and store.in_flight() == BATCH)
+                or child.poll() is not None
+            ),
+            "the child to ack its first batch and claim its second",
             timeout=30.0,
         )
-        time.sleep(0.4)
         assert child.poll() is None, log.read_text()
         os.kill(child.pid, signal.SIGKILL)
         child.wait(10.0)

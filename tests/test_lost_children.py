@@ -25,12 +25,12 @@ pytestmark = pytest.mark.integration
 CHILDREN = 8
 
 
-def make_app(redis_url: str, key_prefix: str) -> Celery:
+def make_app(redis_url: str, key_prefix: str, timeout: float = 0.2) -> Celery:
     app = Celery("lost-children", set_as_current=False)
     app.conf.update(
         resilience_redis_url=redis_url,
         resilience_key_prefix=key_prefix,
-        resilience_redis_timeout=0.2,
+        resilience_redis_timeout=timeout,
         resilience_breakers={"dep": {"failure_threshold": 3}},
     )
 
@@ -77,7 +77,8 @@ def test_children_lost_in_a_redis_outage_cost_the_main_process_one_wait(
 def test_children_lost_with_redis_up_give_their_claims_back_at_once(
     redis_url: str, key_prefix: str
 ) -> None:
-    app = make_app(redis_url, key_prefix)
+    # Seconds to answer: one late answer of a loaded Redis would pause the freeing.
+    app = make_app(redis_url, key_prefix, timeout=2.0)
     try:
         runtime = Resilience.for_app(app).runtime
         assert len(lose_children(runtime, app)) == CHILDREN

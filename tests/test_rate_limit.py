@@ -15,6 +15,7 @@ import pickle
 import threading
 import time
 from multiprocessing.process import BaseProcess
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -24,6 +25,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from celery_resilience import BreakerOpen, RateLimited, ResilienceError
 from celery_resilience.backoff import Exponential
 from celery_resilience.breaker import Breaker
+from celery_resilience.breaker import rate as rate_module
 from celery_resilience.breaker.breaker import FLUSH_INTERVAL
 from celery_resilience.breaker.permit import Admission
 from celery_resilience.breaker.rate import ASK, LEASE_SECONDS, RateLease, batch_size
@@ -71,11 +73,20 @@ def test_a_lease_covers_a_tenth_of_a_second_of_the_rate_and_at_least_one_call(
     assert lease.span_us <= LEASE_SECONDS * 1_000_000 or batch == 1
 
 
+@pytest.fixture
+def frozen_clock(monkeypatch: pytest.MonkeyPatch) -> float:
+    """The lease's monotonic clock, stopped: a stall of this process between two lines would
+    otherwise let the tenths of a second these tests read run out."""
+    now = time.monotonic()
+    monkeypatch.setattr(rate_module, "time", SimpleNamespace(monotonic=lambda: now))
+    return now
+
+
 @pytest.mark.unit
-def test_a_process_spends_its_lease_alone_and_remembers_a_refusal() -> None:
+def test_a_process_spends_its_lease_alone_and_remembers_a_refusal(frozen_clock: float) -> None:
     lease = RateLease(50.0)  # batches of 5, a tenth of a second of the rate
     assert lease.take() == ASK
-    lease.granted(time.monotonic() - 1.0)  # asked a second ago: the asking call took one
+    lease.granted(frozen_clock - 1.0)  # asked a second ago: the asking call took one
     assert [lease.take() for _ in range(4)] == [0.0] * 4
     assert lease.take() == ASK  # the rate may have earned the next batch since
     assert lease.refused(80_000) == pytest.approx(0.08)
@@ -88,10 +99,12 @@ def test_a_process_spends_its_lease_alone_and_remembers_a_refusal() -> None:
 
 
 @pytest.mark.unit
-def test_a_batch_spent_sooner_than_the_rate_earns_the_next_turns_calls_away_unasked() -> None:
+def test_a_batch_spent_sooner_than_the_rate_earns_the_next_turns_calls_away_unasked(
+    frozen_clock: float,
+) -> None:
     lease = RateLease(50.0)
     assert lease.take() == ASK
-    lease.granted(time.monotonic())
+    lease.granted(frozen_clock)
     assert [lease.take() for _ in range(4)] == [0.0] * 4
     wait = lease.take()  # no round trip: no batch before a tenth of a second from the grant
     assert 0 < wait <= 0.1
@@ -190,8 +203,9 @@ def test_threads_of_one_process_never_exceed_the_rate_beyond_two_batches(
 def test_a_rate_limit_costs_at_most_a_tenth_of_a_round_trip_per_call(
     make_resilience: MakeResilience,
 ) -> None:
-    # given: a breaker limited to 2000 calls a second, warmed up (its first lease taken)
-    breaker = limited_breaker(make_resilience, "2000/s")
+    # given: a breaker limited to 2000 calls a second, its watch live (until then a call asks
+    # Redis for the breaker's state too), warmed up (its first lease taken)
+    breaker = known(limited_breaker(make_resilience, "2000/s"))
     breaker.call(lambda: None)
     trips = RoundTrips(breaker)
     # when: 3000 calls, admitted or turned away

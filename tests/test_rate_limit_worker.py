@@ -43,5 +43,8 @@ def test_tasks_over_the_rate_wait_in_the_broker_with_no_retry_spent(
     snap = world.resilience.breaker("dep").snapshot()
     assert snap["rate_limited_total"] > 0
     times = sorted(r["time"] for r in log)
-    assert len(times) <= RATE * (times[-1] - times[0]) + 3
+    # (the limit meters grants; a call comes a moment after its grant, longest for a pool
+    # child's first task: a second of the rate covers that, and 10 unmetered calls come
+    # within a fraction of one)
+    assert len(times) <= RATE * (times[-1] - times[0] + 1.0) + 3
     world.assert_ledger()

@@ -35,18 +35,18 @@ def boom() -> None:
     raise Boom("dependency down")
 
 
-MakeBreaker = Callable[[str, str], Breaker]
+MakeBreaker = Callable[..., Breaker]
 
 
 @pytest.fixture
 def make_breaker() -> Iterator[MakeBreaker]:
     made: list[Resilience] = []
 
-    def make(url: str, policy: str) -> Breaker:
+    def make(url: str, policy: str, timeout: float = TIMEOUT) -> Breaker:
         app = Celery("t", broker=url, set_as_current=False)
         app.conf.resilience_redis_url = url
         app.conf.resilience_key_prefix = "outage-test"
-        app.conf.resilience_redis_timeout = TIMEOUT
+        app.conf.resilience_redis_timeout = timeout
         app.conf.resilience_on_redis_error = policy
         app.conf.resilience_breakers = {"dep": {"failure_threshold": 2, "open_timeout": 30.0}}
         resilience = Resilience(app)
@@ -148,11 +148,14 @@ def test_fail_closed_rejects_as_unavailable_and_logs_the_outage_once(
 def test_a_hanging_redis_is_given_up_on_within_two_timeouts(
     make_breaker: MakeBreaker, hanging_url: str, policy: str
 ) -> None:
-    breaker = make_breaker(hanging_url, policy)
+    # A longer timeout than the other tests': a stall of the test process must not look like a
+    # third attempt (the command and its one retry take two timeouts; a third, three).
+    timeout = 0.5
+    breaker = make_breaker(hanging_url, policy, timeout)
     for _ in range(2):
         _, elapsed = timed(lambda: breaker.call(lambda: None))
         # The timeout decides (no instant error), and nothing stacks retries on top of it.
-        assert TIMEOUT * 0.9 < elapsed < 2 * TIMEOUT + 0.15
+        assert timeout * 0.9 < elapsed < 3 * timeout - 0.05
 
 
 # -- (b) a real Redis that stops and comes back ---------------------------------------------------

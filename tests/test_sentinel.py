@@ -133,7 +133,7 @@ def test_a_park_that_fewer_replicas_hold_than_asked_is_store_unavailable(
     config = ResilienceConfig.from_conf(
         {"resilience_redis_url": deployment.url, "resilience_redis_options": OPTIONS}
     )
-    client = make_client(config.redis_deployment, 0.5)
+    client = make_client(config.redis_deployment, 5.0)
     try:
         entry = ParkedTask.new(task_name="t", task_id="t-1", args=[], kwargs={}, reason="park_on")
         too_many = RedisBackoutStore(client, prefix, replicas=2, replicas_timeout=0.1)
@@ -141,7 +141,8 @@ def test_a_park_that_fewer_replicas_hold_than_asked_is_store_unavailable(
             too_many.park(entry)
         assert too_many.get(entry.id) is None  # taken back: the message stays in the broker
         assert too_many.count() == 0
-        enough = RedisBackoutStore(client, prefix, replicas=1)
+        # Seconds for the one replica's acknowledgement: it must not run out on a loaded host.
+        enough = RedisBackoutStore(client, prefix, replicas=1, replicas_timeout=3.0)
         kept = ParkedTask.new(task_name="t", task_id="t-2", args=[], kwargs={}, reason="park_on")
         enough.park(kept)
         with deployment.servers[1].client() as replica:

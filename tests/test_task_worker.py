@@ -39,8 +39,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 AMQP_URL = os.environ.get("RESILIENCE_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
 #: Time a retry may take beyond its countdown: the retry's publish, the worker's ETA timer,
-#: the delivery and the next attempt's start, on a busy 2-core machine.
-SCHEDULING_SLACK = 0.5
+#: the delivery and the next attempt's start, on a busy 2-core machine (a bound on lateness, not
+#: a measure of this host's speed: the lower bound is what shows the retry waited).
+SCHEDULING_SLACK = 3.0
 RETRY_LOG = re.compile(r"Task workerapp\.charge\[([0-9a-f-]+)\] retry (\d+)/\S+ in ([0-9.]+)s")
 
 
@@ -107,12 +108,13 @@ def retries_are_jittered_and_spaced(
             assert 0.0 <= countdown <= bound + 0.005  # the log rounds to 10 ms
             assert countdown - 0.005 <= observed <= countdown + SCHEDULING_SLACK
             assert observed <= bound + SCHEDULING_SLACK
-            delays[n].append(observed)
+            delays[n].append(countdown)
             lateness.append(observed - countdown)
     mean = {n: round(sum(d) / len(d), 3) for n, d in delays.items()}
-    print(f"mean observed delay per retry: {mean}; latest retry {max(lateness):.3f}s late")
-    # Full jitter: the bound doubles each retry; over 4 tasks, the last retries wait longer
-    # than the first (failing by chance has a probability below 1e-3).
+    print(f"mean countdown per retry: {mean}; latest retry {max(lateness):.3f}s late")
+    # Full jitter: the bound doubles each retry; over 4 tasks, the last retries' countdowns are
+    # longer than the first's (the chosen ones: a late delivery would blur the observed delays;
+    # failing by chance has a probability below 1e-3).
     assert mean[max_retries - 1] > mean[0]
     assert breaker.snapshot()["opened_total"] == 0  # forced closed: nothing tripped
 
@@ -535,7 +537,10 @@ def test_a_breaker_per_host_parks_only_the_dead_hosts_work_and_the_drain_brings_
     )
     parked = world.parked()
     assert {e.breaker for e in parked.values()} == {"hook:dead.example"}
-    assert world.resilience.breaker("hook", key="dead.example").state == "open"
+    dead = world.resilience.breaker("hook", key="dead.example").snapshot()
+    # Tripped; its 3 s open time may have run out while the other hosts' tasks ran.
+    assert dead["opened_total"] >= 1, dead
+    assert dead["state"] in ("open", "half_open"), dead
     assert world.resilience.breaker("hook", key="a.example").state == "closed"
     world.assert_ledger()
     world.redis.srem(f"{world.prefix}:dep:down-hosts", "dead.example")

@@ -120,9 +120,10 @@ def test_a_soft_time_limit_on_a_probe_reopens_the_breaker_at_once(world: MatrixW
     ids = world.publish(1, "soft-probe", task="hang")
     # The probe's slot is settled as a failure, not held until its 60 s lease ends.
     wait_for(
-        lambda: breaker.snapshot()["opened_total"] == trips + 1, "the probe to trip the breaker", 15
+        lambda: breaker.snapshot()["opened_total"] >= trips + 1, "the probe to trip the breaker", 15
     )
-    assert breaker.state == "open"
+    # Not closed: open, or half-open again once its 1 s open time ran out (a slow host).
+    assert breaker.state in ("open", "half_open")
     # Still hanging: the retry is parked whether it comes while the breaker is open or, on a
     # slow host, as the next probe (which the limit ends too); a recovered dependency would let
     # that probe succeed instead.
@@ -159,9 +160,10 @@ def test_a_hard_time_limit_on_a_probe_reopens_the_breaker_at_once(world: MatrixW
     ids = world.publish(1, "hard-probe", task="stuck")
     # The killed probe's lease is settled as a failure, not held until its 60 s lease ends.
     wait_for(
-        lambda: breaker.snapshot()["opened_total"] == trips + 1, "the probe to trip the breaker", 15
+        lambda: breaker.snapshot()["opened_total"] >= trips + 1, "the probe to trip the breaker", 15
     )
-    assert breaker.state == "open"
+    # Not closed: open, or half-open again once its 1 s open time ran out (a slow host).
+    assert breaker.state in ("open", "half_open")
     # Still hanging: the retry is parked whether it comes while the breaker is open or, on a
     # slow host, as the next probe (which the limit ends too); a recovered dependency would let
     # that probe succeed instead.
@@ -234,9 +236,10 @@ def test_a_probe_whose_body_retries_a_retry_on_error_does_not_close_the_breaker(
         lambda: calls_of(world, ids[0]) >= 1, "the probe to call the dependency", SETTLE_TIMEOUT
     )
     wait_for(
-        lambda: breaker.snapshot()["opened_total"] == trips + 1, "the probe to trip the breaker", 15
+        lambda: breaker.snapshot()["opened_total"] >= trips + 1, "the probe to trip the breaker", 15
     )
-    assert breaker.state == "open"
+    # Not closed: open, or half-open again once its 1 s open time ran out (a slow host).
+    assert breaker.state in ("open", "half_open")
     parked_entry(world, ids[0])  # its retry finds the breaker open: parked
     world.settle("self.retry() / half-open probe", ids).check()
 
