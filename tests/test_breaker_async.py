@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import threading
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
@@ -20,7 +21,7 @@ from celery_resilience.breaker.breaker import FLUSH_INTERVAL
 from celery_resilience.breaker.knowledge import MAX_KNOWLEDGE_AGE
 from tests.support.faults import FaultProxy
 from tests.support.resilience import MakeResilience
-from tests.support.round_trips import RoundTrips
+from tests.support.round_trips import RoundTrips, lasting_knowledge
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -176,7 +177,10 @@ def test_concurrent_failures_open_the_breaker_exactly_once(make_resilience: Make
     assert breaker.snapshot()["opened_total"] == 1
 
 
-def test_an_open_breaker_rejects_without_a_round_trip(make_breaker: Callable[..., Breaker]) -> None:
+def test_an_open_breaker_rejects_without_a_round_trip(
+    make_breaker: Callable[..., Breaker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lasting_knowledge(monkeypatch)
     breaker = known(make_breaker(failure_threshold=1))
     called = 0
 
@@ -204,7 +208,9 @@ def test_an_open_breaker_rejects_without_a_round_trip(make_breaker: Callable[...
 def test_a_remembered_rejection_ends_with_the_open_timeout(
     make_breaker: Callable[..., Breaker],
 ) -> None:
-    breaker = known(make_breaker(failure_threshold=1, open_timeout=0.3))
+    # Seconds open: a short open time could pass before the next call reaches Redis, which
+    # would admit it as the probe.
+    breaker = known(make_breaker(failure_threshold=1, open_timeout=2.0))
 
     async def main() -> str:
         await trip(breaker, 1)
@@ -312,11 +318,12 @@ def test_cancelled_while_redis_grants_a_probe_releases_the_probe(
     breaker = half_open(make_breaker, half_open_max_calls=1, probe_lease=60.0)
     admit = breaker.admit
     granted = []
+    proceed = threading.Event()
 
     def slow_admit() -> Any:
         admission = admit()  # the probe is leased in Redis now...
         granted.append(admission.permit)
-        time.sleep(0.2)  # ...and the caller is cancelled before it hears of it
+        proceed.wait(10.0)  # ...and the caller is cancelled before it hears of it
         return admission
 
     breaker.admit = slow_admit  # type: ignore[method-assign, assignment]
@@ -329,10 +336,13 @@ def test_cancelled_while_redis_grants_a_probe_releases_the_probe(
         with pytest.raises(asyncio.CancelledError):
             await call
 
-    run(main())
-    assert granted[0] is not None
-    assert granted[0].kind == "probe"
-    assert breaker.snapshot()["probes_in_flight"] == 1
+    try:
+        run(main())
+        assert granted[0] is not None
+        assert granted[0].kind == "probe"
+        assert breaker.snapshot()["probes_in_flight"] == 1
+    finally:
+        proceed.set()
     wait_for(  # released, not leased out
         lambda: breaker.snapshot()["probes_in_flight"] == 0, "the probe's slot freed"
     )

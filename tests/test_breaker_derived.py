@@ -41,7 +41,7 @@ def fail(breaker: Breaker, times: int) -> None:
 
 #: A process must hear a change well before what it knew could age out (``MAX_KNOWLEDGE_AGE``, 2 s):
 #: a wait longer than that would pass on the age alone.
-HEARD = 1.0
+HEARD = 1.5
 
 
 def counting(resilience: Resilience) -> list[int]:

@@ -179,7 +179,8 @@ LEASE_OPTIONS = {
     "failure_threshold": 1,
     "open_timeout": 0.3,
     "half_open_max_calls": 1,
-    "probe_lease": 1.0,
+    # Seconds of lease: the test must see the dead probe held after the kill and join.
+    "probe_lease": 3.0,
 }
 
 
@@ -221,7 +222,7 @@ def test_probe_of_a_killed_process_is_released_when_its_lease_ends(
     # when / then: the fleet-wide limit holds while the dead probe's lease runs...
     assert breaker.snapshot()["probes_in_flight"] == 1
     rejections = 0
-    margin_us = 500_000
+    margin_us = 1_000_000
     deadline = time.monotonic() + LEASE_OPTIONS["probe_lease"] + 2.0
     while True:
         assert time.monotonic() < deadline, "the dead probe's lease never ended"

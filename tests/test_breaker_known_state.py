@@ -12,6 +12,7 @@ from celery import Celery
 
 from celery_resilience import Resilience
 from celery_resilience.breaker import Breaker
+from tests.support.round_trips import lasting_knowledge
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -64,8 +65,9 @@ def learnt(breaker: Breaker) -> Breaker:
 
 
 def test_a_new_breaker_is_known_closed_and_then_costs_no_round_trip(
-    make_breaker: MakeBreaker,
+    make_breaker: MakeBreaker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    lasting_knowledge(monkeypatch)
     breaker = make_breaker()
     assert breaker.known_state() == "closed"  # asked Redis: nothing known yet
     learnt(breaker)
@@ -75,8 +77,9 @@ def test_a_new_breaker_is_known_closed_and_then_costs_no_round_trip(
 
 
 def test_a_page_process_hears_another_process_open_and_reset_the_breaker(
-    make_breaker: MakeBreaker,
+    make_breaker: MakeBreaker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    lasting_knowledge(monkeypatch)
     page, worker = learnt(make_breaker()), make_breaker()
     scripts = Scripts(page)
     with pytest.raises(ConnectionError):

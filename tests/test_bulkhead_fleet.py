@@ -89,7 +89,8 @@ def test_a_fleet_of_processes_never_has_more_than_the_limit_in_flight(
     assert (snap["calls_in_flight"], snap["bulkhead_rejected_total"]) == (0, full)
 
 
-LEASE_OPTIONS = {"max_concurrent_calls": 1, "call_lease": 1.0}
+# Seconds of lease: the test must see the dead holder's slot held after the kill and join.
+LEASE_OPTIONS = {"max_concurrent_calls": 1, "call_lease": 3.0}
 
 
 def slot_holder(redis_url: str, prefix: str) -> None:  # pragma: no cover - spawned process
@@ -141,6 +142,6 @@ def test_the_slot_of_a_killed_process_comes_back_when_its_lease_ends(
     assert rejections >= 1, "the killed holder's slot was not held at all"
     # ...and once it ends, the next caller gets the slot, well within a margin
     assert after >= lease_end_us
-    assert before <= lease_end_us + 500_000
+    assert before <= lease_end_us + 1_000_000
     permit.success()
     assert breaker.snapshot()["calls_in_flight"] == 0

@@ -610,26 +610,30 @@ def test_pacing_longer_than_the_lease_neither_duplicates_nor_crashes(
     redis_client: redis.Redis,
     queue: str,
 ) -> None:
-    # Given batches of 5 at 5 tasks/s, a batch waits 1 s for its tokens: twice the lease. The
+    # Given batches of 5 at 2.5 tasks/s, a batch waits 2 s for its tokens: twice the lease. The
     # wait must not eat the lease of claimed entries, nor let the drain lock expire so that a
     # second drainer claims them again (a plausible setup: a fragile dependency at 1 task/s
     # with the default batch of 100 and lease of 60 s).
-    first = make_resilience("redis", drain_batch=5, drain_rate=5.0)
-    second = make_resilience("redis", drain_batch=5, drain_rate=5.0)
+    first = make_resilience("redis", drain_batch=5, drain_rate=2.5)
+    second = make_resilience("redis", drain_batch=5, drain_rate=2.5)
     park(first, 15, queue)
     outcome: dict[str, Any] = {}
 
     def run() -> None:
         try:
-            outcome["report"] = Drainer(first.runtime, lease=0.5).run()
+            outcome["report"] = Drainer(first.runtime, lease=1.0).run()
         except Exception as exc:
             outcome["error"] = exc
 
     runner = threading.Thread(target=run)
     runner.start()
+    wait_for(  # the first drainer holds the lock (it claimed its first batch)
+        lambda: first.runtime.backout_store.in_flight() > 0 or not runner.is_alive(),
+        "the first drainer to claim",
+    )
     late: list[DrainReport] = []
     while runner.is_alive():  # a second drainer keeps trying while the first one waits
-        late.append(Drainer(second.runtime, lease=0.5).run())
+        late.append(Drainer(second.runtime, lease=1.0).run())
         time.sleep(0.05)
     runner.join()
 

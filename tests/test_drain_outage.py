@@ -21,7 +21,8 @@ def test_a_drain_without_its_redis_reports_an_error_and_the_next_one_finishes(
     with RedisServer(appendonly=True) as server:
         app = Celery("outage", broker=redis_url, set_as_current=False)
         app.conf.resilience_redis_url = server.url
-        app.conf.resilience_redis_timeout = 0.2
+        # Seconds: every write here waits for an fsync (a stopped server refuses at once).
+        app.conf.resilience_redis_timeout = 5.0
 
         @app.task(name="outage.charge", shared=False)
         def charge(order_id: int) -> int:

@@ -9,7 +9,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from celery_resilience.breaker import Breaker
+import pytest
+
+from celery_resilience.breaker import Breaker, knowledge
 
 
 class RoundTrips:
@@ -36,3 +38,10 @@ def known(breaker: Breaker) -> Breaker:
         breaker.acquire().release()
         time.sleep(0.005)
     return breaker
+
+
+def lasting_knowledge(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a reply taught the process stays good for 30 s, not ``MAX_KNOWLEDGE_AGE``: a test
+    that counts no round trip over a sequence must not meet the re-ask a stall past that age
+    brings (the change feed keeps the view right; only a reply renews its age)."""
+    monkeypatch.setattr(knowledge, "MAX_KNOWLEDGE_AGE", 30.0)
