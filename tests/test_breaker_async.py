@@ -206,10 +206,12 @@ def test_an_open_breaker_rejects_without_a_round_trip(
 
 
 def test_a_remembered_rejection_ends_with_the_open_timeout(
-    make_breaker: Callable[..., Breaker],
+    make_breaker: Callable[..., Breaker], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Seconds open: a short open time could pass before the next call reaches Redis, which
-    # would admit it as the probe.
+    # would admit it as the probe. The view never ages out here: only the rejection's own end
+    # may end it.
+    lasting_knowledge(monkeypatch)
     breaker = known(make_breaker(failure_threshold=1, open_timeout=2.0))
 
     async def main() -> str:

@@ -251,6 +251,6 @@ def test_the_feed_waits_longer_after_each_attempt_that_never_went_live(
     finally:
         watch.close()
     gaps = [later - earlier for earlier, later in itertools.pairwise(attempts)]
-    # The backoff grows: 0.8 s after 0.1, 0.2, 0.4 (a wait never ends early; a late first
-    # attempt on a busy host must not count against it); at a fixed rate, about 0.1 s.
+    # The backoff grows: 0.8 s after 0.1, 0.2, 0.4 (a wait never ends early; a long first gap
+    # on a busy host must not count against it); at a fixed rate, about 0.1 s.
     assert gaps[-1] >= 0.75, gaps

@@ -326,8 +326,8 @@ def test_a_parked_task_that_expired_fails_with_its_link_error_when_a_person_repl
 
     # Long enough for a busy worker to park it first (Celery revokes an expired message before
     # the task sees it); the replay comes after it.
-    expires = time.time() + 3.0
     result = add.apply_async((4, 5), expires=3.0, link_error=errback.s())
+    expires = time.time() + 3.0  # no earlier than Celery's own deadline
     entry = world.wait_parked([result.id])[result.id]
     time.sleep(max(0.0, expires - time.time()) + 0.1)
     with pytest.raises(ValueError, match="expired"):

@@ -149,7 +149,7 @@ def test_a_hanging_redis_is_given_up_on_within_two_timeouts(
     make_breaker: MakeBreaker, hanging_url: str, policy: str
 ) -> None:
     # A longer timeout than the other tests': a stall of the test process must not look like a
-    # third attempt (the command and its one retry take two timeouts; a third, three).
+    # third timeout (a call costs at most two; a third would take three).
     timeout = 0.5
     breaker = make_breaker(hanging_url, policy, timeout)
     for _ in range(2):
