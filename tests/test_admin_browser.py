@@ -46,6 +46,7 @@ from tests.support.browser import ROOT, Shop, chrome, keep_for_docs, missing_bro
 from tests.support.waiting import wait_for
 
 try:
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select, WebDriverWait
 except ImportError:  # a dependency of the test extra: the browser fixture says so
@@ -140,6 +141,12 @@ def store(redis_url: str, key_prefix: str) -> Iterator[Resilience]:
     resilience.runtime.send_events = False
     yield resilience
     forget(app)
+
+
+def waiting(browser: Any, seconds: float) -> Any:
+    """A wait on the page that looks again when an element it found was replaced meanwhile (a
+    page that loads or re-renders between finding an element and reading it)."""
+    return WebDriverWait(browser, seconds, ignored_exceptions=(StaleElementReferenceException,))
 
 
 @pytest.fixture
@@ -237,12 +244,12 @@ def capture_cli_for_docs(shop: Shop, placed: Placed) -> None:
 def log_in(browser: Any, shop: Shop, steps: Steps) -> None:
     """Through the admin's login form, as a person would."""
     browser.get(f"{shop.admin_url}/admin/")
-    WebDriverWait(browser, 15).until(lambda d: d.find_elements(By.ID, "id_username"))
+    waiting(browser, 15).until(lambda d: d.find_elements(By.ID, "id_username"))
     browser.find_element(By.ID, "id_username").send_keys(USER)
     browser.find_element(By.ID, "id_password").send_keys(PASSWORD)
     steps.shot("login")
     browser.find_element(By.CSS_SELECTOR, "#login-form [type=submit]").click()
-    WebDriverWait(browser, 15).until(lambda d: d.find_elements(By.LINK_TEXT, STORE_TITLE))
+    waiting(browser, 15).until(lambda d: d.find_elements(By.LINK_TEXT, STORE_TITLE))
     # The shop parks in Redis: the index offers that store's page only, and the breakers.
     assert browser.find_elements(By.PARTIAL_LINK_TEXT, "database store") == []
     assert browser.find_elements(By.LINK_TEXT, BREAKERS_TITLE)
@@ -269,7 +276,7 @@ def assert_fits(browser: Any) -> None:
 
 def reset_from_the_breakers_page(browser: Any, store: Resilience, steps: Steps) -> None:
     """The gateway is back: the operator sees ``payments`` forced open and resets it."""
-    wait = WebDriverWait(browser, 15)
+    wait = waiting(browser, 15)
     browser.find_element(By.LINK_TEXT, BREAKERS_TITLE).click()
     wait.until(lambda d: d.find_elements(By.ID, "result_list"))
     row = browser.find_element(By.CSS_SELECTOR, f'tr[data-breaker="{BREAKER}"]')
@@ -300,7 +307,7 @@ def reset_from_the_breakers_page(browser: Any, store: Resilience, steps: Steps) 
 
 def replay_all(browser: Any, steps: Steps, task_ids: list[str]) -> None:
     """From the admin's index: the store's page shows the tasks; select all, "Replay now"."""
-    wait = WebDriverWait(browser, 15)
+    wait = waiting(browser, 15)
     browser.find_element(By.LINK_TEXT, STORE_TITLE).click()
     wait.until(lambda d: d.find_elements(By.ID, "result_list"))
     assert STORE_TITLE in title(browser)
@@ -354,7 +361,7 @@ def replay_all(browser: Any, steps: Steps, task_ids: list[str]) -> None:
 def see_in_recent_actions(browser: Any, steps: Steps, wanted: list[str]) -> None:
     """The admin's index lists what was done under "Recent actions" (Django's LogEntry)."""
     browser.find_element(By.LINK_TEXT, "Home").click()
-    WebDriverWait(browser, 15).until(lambda d: d.find_elements(By.ID, "recent-actions-module"))
+    waiting(browser, 15).until(lambda d: d.find_elements(By.ID, "recent-actions-module"))
     recent = browser.find_element(By.ID, "recent-actions-module").text
     for text in wanted:
         assert text in recent, recent
@@ -384,7 +391,7 @@ def check_charged(shop: Shop, store: Resilience, gateway: GatewayProcess, placed
 
 def see_orders_charged(browser: Any, shop: Shop, steps: Steps) -> None:
     browser.get(f"{shop.admin_url}/admin/orders/order/")
-    WebDriverWait(browser, 15).until(lambda d: d.find_elements(By.ID, "result_list"))
+    waiting(browser, 15).until(lambda d: d.find_elements(By.ID, "result_list"))
     assert column(browser, "status") == ["Charged"] * 3
     assert column(browser, "charge_count") == ["1"] * 3
     steps.shot("orders-charged")
@@ -474,7 +481,7 @@ def park_many(store: Resilience) -> list[str]:
 
 def force_open_for_maintenance(browser: Any, store: Resilience, steps: Steps) -> None:
     """The operator forces ``payments`` open for 30 minutes with a note, from its row."""
-    wait = WebDriverWait(browser, 30)
+    wait = waiting(browser, 30)
     browser.find_element(By.LINK_TEXT, BREAKERS_TITLE).click()
     wait.until(lambda d: d.find_elements(By.ID, "result_list"))
     row = browser.find_element(By.CSS_SELECTOR, f'tr[data-breaker="{BREAKER}"]')
@@ -506,7 +513,7 @@ def force_open_for_maintenance(browser: Any, store: Resilience, steps: Steps) ->
 def see_the_overview(browser: Any, steps: Steps) -> None:
     """The overview: what is left, the oldest, the drain and beat (not running in this test)."""
     browser.find_element(By.LINK_TEXT, "Overview").click()
-    WebDriverWait(browser, 30).until(lambda d: d.find_elements(By.ID, "overview-facts"))
+    waiting(browser, 30).until(lambda d: d.find_elements(By.ID, "overview-facts"))
     assert browser.find_element(By.ID, "parked-total").text.startswith("30 parked, 0 dead")
     assert browser.find_element(By.ID, "oldest").text.startswith("parked ")
     assert "no sign of beat" in browser.find_element(By.ID, "beat").text
@@ -526,7 +533,7 @@ def load_seconds(browser: Any) -> float:
 
 def see_masked_and_held(browser: Any, steps: Steps) -> None:
     """The whole store: the orders first (newest), masked, held by their open breaker."""
-    wait = WebDriverWait(browser, 30)
+    wait = waiting(browser, 30)
     browser.find_element(By.LINK_TEXT, STORE_TITLE).click()
     wait.until(lambda d: d.find_elements(By.ID, "result_list"))
     seconds = load_seconds(browser)
@@ -544,7 +551,7 @@ def see_masked_and_held(browser: Any, steps: Steps) -> None:
 
 def find_order_15(browser: Any, steps: Steps, entry_id: str) -> None:
     """Order 15 by its number: one row, and its detail page masks the token too."""
-    wait = WebDriverWait(browser, 30)
+    wait = waiting(browser, 30)
     search = browser.find_element(By.ID, "searchbar")
     search.send_keys("order_id=15")
     search.submit()
@@ -562,7 +569,7 @@ def find_order_15(browser: Any, steps: Steps, entry_id: str) -> None:
 
 def discard_all_matching(browser: Any, shop: Shop, store: Resilience, steps: Steps) -> None:
     """The breaker's 2,000: tick the page, then every entry of the filter; confirm."""
-    wait = WebDriverWait(browser, 30)
+    wait = waiting(browser, 30)
     browser.get(f"{shop.admin_url}/admin/celery_resilience/storeentry/?breaker={BULK_BREAKER}")
     wait.until(lambda d: d.find_elements(By.ID, "action-toggle"))
     assert browser.find_element(By.ID, "total").text == f"{BULK} entries"
