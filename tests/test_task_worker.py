@@ -459,8 +459,10 @@ def test_a_probe_ending_in_the_tasks_own_error_is_released_not_judged(
     # A parser error on a 503 page says nothing about the dependency: the probe is given back.
     crashed = world.publish("crash", "x-probe")
     wait_for(lambda: world.state(crashed) == "FAILURE", "the crash to fail")
+    # Given back at once, not after its 60 s lease (Celery may store the FAILURE first).
+    wait_for(lambda: breaker.snapshot()["probes_in_flight"] == 0, "the probe given back", 20.0)
     snap = breaker.snapshot()
-    assert (snap["state"], snap["probes_in_flight"], snap["closed_total"]) == ("half_open", 0, 0)
+    assert (snap["state"], snap["closed_total"]) == ("half_open", 0)
 
     # The next call probes at once (not after probe_lease) and decides.
     world.dependency(up=True)
