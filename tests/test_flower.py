@@ -50,7 +50,8 @@ from .support.services import REDIS_URL
 from .support.waiting import wait_for
 from .support.worker_process import READY_TIMEOUT, WorkerProcess, force_open_for_workers, spawn
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(90)]
+# A test's own waits (Flower's view: 120 s) end before this, with what they saw.
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
 
 WAIT = 20.0
 TASK = "workerapp.charge"
@@ -188,7 +189,11 @@ class World:
             return dict(wait_for(seen, f"{len(task_ids)} tasks PARKED in Flower", timeout=120.0))
         except AssertionError as timeout:
             stored = len(self.parked_entries(task_ids))
-            raise AssertionError(f"{timeout}; {stored} of them parked in the store") from None
+            raise AssertionError(
+                f"{timeout}; {stored} of them parked in the store\n"
+                f"--- worker log (end)\n{self.worker.log()[-6000:]}\n"
+                f"--- flower log (end)\n{self.flower.log()[-6000:]}"
+            ) from None
 
 
 @pytest.fixture(scope="module")
