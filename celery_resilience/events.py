@@ -7,12 +7,14 @@ child's default dispatcher would use another name, and Flower would not match it
 
 from __future__ import annotations
 
+import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .backout.entry import ParkedTask
+from .headers import TASK_EVENTS_HEADER, request_header
 from .redact import get_logger
 
 logger = get_logger("celery_resilience.events")
@@ -50,6 +52,27 @@ def send_task_parked(task: Any, entry: ParkedTask, error: str) -> None:
         )
     except Exception:  # monitoring must never turn a safely parked task into a failure
         logger.warning("Could not send task-parked for %s", request.id, exc_info=True)
+
+
+def send_task_retried(task: Any, exc: BaseException | None) -> None:
+    """Celery's ``task-retried`` for the current delivery, with its fields, where the retry is
+    published and before it is (``exc``: the cause as the result backend shows it).
+
+    Only where the worker's main process sends task events for the delivery; it then sends none
+    itself (``headers.TASK_EVENTS_HEADER``), so that the retry's own events always come after.
+    """
+    request = task.request
+    if request.is_eager or not request_header(request, TASK_EVENTS_HEADER):
+        return
+    try:
+        task.send_event(
+            "task-retried",
+            exception=repr(exc),
+            traceback="".join(traceback.format_exception(exc)) if exc else "",
+            retry=False,
+        )
+    except Exception:  # monitoring must never stop a retry
+        logger.warning("Could not send task-retried for %s", request.id, exc_info=True)
 
 
 def _worker_hostname() -> str | None:

@@ -26,6 +26,13 @@ TURNED_AWAY_HEADER = "resilience_turned_away"
 #: takes its bulkhead slot or probe, so that the main process can give them back when the pool
 #: child dies (``time_limits.py``). It describes one delivery, as ``redelivered`` does.
 DELIVERY_HEADER = "resilience_delivery"
+#: Set by the worker's main process beside :data:`DELIVERY_HEADER`, never published: ``1`` when
+#: it sends task events for the delivery (``-E``). The delivery's ``task-retried`` is then sent
+#: where its retry is published, before the publish (``events.send_task_retried``), and not by
+#: the main process: sent once the pool child's result came back, Celery's own could reach
+#: Flower after the retry's ``task-parked`` or ``task-succeeded``, and Celery's event state lets
+#: a late RETRY override any state.
+TASK_EVENTS_HEADER = "resilience_task_events"
 #: Kept in a parked entry's headers when tracing is on: the W3C ``traceparent`` of the span that
 #: parked it, so that its replay's span links to it (signed and sealed with the entry's other
 #: options; an entry without it replays unlinked).
@@ -101,7 +108,7 @@ def delivery_token(request: Any) -> str:
 
 def new_message_headers(headers: Mapping[str, Any] | None) -> dict[str, Any]:
     """The headers of a message published again from a delivery's (a retry, a kept copy)."""
-    of_delivery = (REDELIVERED_HEADER, DELIVERY_HEADER)
+    of_delivery = (REDELIVERED_HEADER, DELIVERY_HEADER, TASK_EVENTS_HEADER)
     return {k: v for k, v in (headers or {}).items() if k not in of_delivery}
 
 

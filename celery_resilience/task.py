@@ -35,7 +35,7 @@ from .backoff import BackoffStrategy, Exponential
 from .config import exception_types, task_options
 from .delivery import body_retry, dedup_key, fate, kept, pipeline, time_limits
 from .delivery.context import Delivery, KeyOption, Options
-from .headers import DELIVERY_HEADER
+from .headers import DELIVERY_HEADER, TASK_EVENTS_HEADER
 from .redact import get_logger
 from .runtime import Runtime
 
@@ -182,6 +182,19 @@ class ResilientRequest(Request):
         # The token of this delivery's claim and bulkhead slot or probe: sent to the pool with
         # the request (a header there), never published.
         self._request_dict[DELIVERY_HEADER] = uuid.uuid4().hex
+        # Whether this process sends the delivery's task events: if so, its ``task-retried`` is
+        # sent where the retry is published, before it is (``headers.TASK_EVENTS_HEADER``).
+        if self._eventer and self._eventer.enabled and self.task.send_events:
+            self._request_dict[TASK_EVENTS_HEADER] = 1
+
+    def on_retry(self, exc_info: Any) -> None:
+        if not self._request_dict.get(TASK_EVENTS_HEADER):
+            super().on_retry(exc_info)
+            return
+        # The retry's task-retried was sent before the retry was published
+        # (``events.send_task_retried``): Celery's own would come after the retry's events.
+        if self.task.acks_late:
+            self.acknowledge()
 
     def on_timeout(self, soft: bool, timeout: float) -> None:
         if soft or state.should_terminate:  # a cold shutdown: Celery's own handling
@@ -233,9 +246,8 @@ class ResilientRequest(Request):
             case fate.Requeue() | None:  # nothing could be published: requeued, never dropped
                 self.reject(requeue=True)
                 return
-            case fate.Retry(countdown):  # what Celery's own retry tells Flower
+            case fate.Retry(countdown):  # its task-retried was sent before the publish
                 outcome = f"retried in {countdown:.2f}s"
-                self.send_event("task-retried", exception=repr(exc), traceback="")
             case fate.Keep(delay):
                 outcome = f"kept (park failed, again in {delay:.2f}s)"
             case fate.Park(reason):

@@ -287,11 +287,18 @@ def test_breaker_tripped_in_the_worker_counts_for_the_worker(world: World) -> No
     node = world.worker.nodename
     before = world.flower.workers().get(node, {})
     parked_before = world.flower.events_total("task-parked", node)
+    retried_before = world.flower.events_total("task-retried", node)
     assert before.get("resilience-breaker-opened", 0) == 0
 
     world.dependency(up=False)
     task_ids = world.publish(3, "tripped")  # three failures: failure_threshold
+    # Each was retried, then parked: PARKED, though its retry's task-retried came first (the
+    # pool child sends it before the retry goes out).
     tasks = world.wait_flower_parked(task_ids)
+    wait_for(
+        lambda: world.flower.events_total("task-retried", node) - retried_before >= 3,
+        "each task's task-retried, counted for the worker",
+    )
     entries = world.parked_entries(task_ids)
     assert set(entries) == set(task_ids)
     for task_id in task_ids:

@@ -18,7 +18,7 @@ from typing import Any
 
 from ..backout.entry import ParkedTask
 from ..config import ResilienceConfig
-from ..events import send_task_parked
+from ..events import send_task_parked, send_task_retried
 from ..headers import REDELIVERED_HEADER, new_message_headers
 from ..redact import get_logger
 from ..signals import task_parked
@@ -60,12 +60,14 @@ def _perform(delivery: Delivery, fate: Fate, facts: Facts) -> ParkedTask | None:
                 delivery.shown(cause),
             )
             if not eager:  # Celery runs an eager retry at once, in apply(): nothing to publish
+                send_task_retried(delivery.task, delivery.shown(cause))
                 # Published here, not through Task.retry: Celery turns a failed publish there
                 # into Reject(requeue=False), and with acks_late the message would be gone.
                 _send_again(delivery, countdown, retries, headers)
         case Park(reason, cause, due_in):
             return parking.park(delivery, reason, cause, due_in)
-        case Keep(delay, _, headers):
+        case Keep(delay, trouble, headers):
+            send_task_retried(delivery.task, trouble)
             _send_again(delivery, delay, facts.retries, headers)
         case Wait(delay, claimed):
             logger.info("Task %s[%s]: %s; kept, again in %.1fs", name, task_id, claimed, delay)
