@@ -8,9 +8,11 @@ child's default dispatcher would use another name, and Flower would not match it
 from __future__ import annotations
 
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
+
+from kombu.utils import encoding
 
 if TYPE_CHECKING:
     from .backout.entry import ParkedTask
@@ -18,6 +20,11 @@ from .headers import TASK_EVENTS_HEADER, request_header
 from .redact import get_logger
 
 logger = get_logger("celery_resilience.events")
+#: kombu's ``repr`` that never raises (what Celery's own ``task-retried`` uses); untyped there.
+safe_repr = cast(Callable[[object], str], encoding.safe_repr)
+#: Set on a delivery's request once its ``task-retried`` went out: one a delivery, though a
+#: retry that could not be published ends as a kept copy, published after an event of its own.
+_RETRIED = "_resilience_retried"
 #: Replay events sent in one message at most (a drain flushes at the end of each batch anyway).
 REPLAY_EVENT_BUFFER = 1000
 #: Seconds to wait for a connection of the app's pool before replays go unannounced.
@@ -60,15 +67,20 @@ def send_task_retried(task: Any, exc: BaseException | None) -> None:
 
     Only where the worker's main process sends task events for the delivery; it then sends none
     itself (``headers.TASK_EVENTS_HEADER``), so that the retry's own events always come after.
+    Once a delivery. The traceback is ``exc``'s own, not what it was raised in (that would show
+    the body's exception, unmasked).
     """
     request = task.request
     if request.is_eager or not request_header(request, TASK_EVENTS_HEADER):
         return
+    if getattr(request, _RETRIED, False):
+        return
+    setattr(request, _RETRIED, True)
     try:
         task.send_event(
             "task-retried",
-            exception=repr(exc),
-            traceback="".join(traceback.format_exception(exc)) if exc else "",
+            exception=safe_repr(exc),
+            traceback="".join(traceback.format_exception(exc, chain=False)) if exc else "",
             retry=False,
         )
     except Exception:  # monitoring must never stop a retry

@@ -35,6 +35,7 @@ from .backoff import BackoffStrategy, Exponential
 from .config import exception_types, task_options
 from .delivery import body_retry, dedup_key, fate, kept, pipeline, time_limits
 from .delivery.context import Delivery, KeyOption, Options
+from .events import send_task_retried
 from .headers import DELIVERY_HEADER, TASK_EVENTS_HEADER
 from .redact import get_logger
 from .runtime import Runtime
@@ -159,6 +160,8 @@ class ResilientTask(Task):
                 request = delivery.request
                 raise kept.unparkable(self.name, request.id, reason, failed, trouble) from trouble
             case fate.Fail(exc):
+                if isinstance(exc, Retry):  # the body's own Retry: Celery's handler sends nothing
+                    send_task_retried(self, delivery.shown(exc.exc))
                 if exc is sys.exc_info()[1]:  # called in the body's except: its traceback untouched
                     raise  # noqa: PLE0704
                 raise exc
@@ -183,9 +186,22 @@ class ResilientRequest(Request):
         # the request (a header there), never published.
         self._request_dict[DELIVERY_HEADER] = uuid.uuid4().hex
         # Whether this process sends the delivery's task events: if so, its ``task-retried`` is
-        # sent where the retry is published, before it is (``headers.TASK_EVENTS_HEADER``).
-        if self._eventer and self._eventer.enabled and self.task.send_events:
+        # sent where the retry is published, before it is (``headers.TASK_EVENTS_HEADER``). A
+        # message may carry the mark (Celery's own retry publishes the request's headers): it
+        # is this process's to say.
+        if self._sends_task_events():
             self._request_dict[TASK_EVENTS_HEADER] = 1
+        else:
+            self._request_dict.pop(TASK_EVENTS_HEADER, None)
+
+    def _sends_task_events(self) -> bool:
+        """Whether Celery's ``Request.send_event`` would send this delivery's task events: a
+        worker without ``-E`` has its dispatcher on for worker events only (heartbeats)."""
+        eventer = self._eventer
+        if not (eventer and eventer.enabled and self.task.send_events):
+            return False
+        groups = getattr(eventer, "groups", None)
+        return not groups or "task" in groups
 
     def on_retry(self, exc_info: Any) -> None:
         if not self._request_dict.get(TASK_EVENTS_HEADER):

@@ -21,7 +21,7 @@ from celery.utils.objects import Bunch
 
 from celery_resilience import ResilientTask
 from celery_resilience.delivery import carry_out
-from celery_resilience.delivery.fate import Facts, Keep
+from celery_resilience.delivery.fate import Facts, Fail, Keep
 from celery_resilience.delivery.fate import Retry as RetryFate
 from celery_resilience.events import send_task_retried
 from celery_resilience.headers import TASK_EVENTS_HEADER, new_message_headers
@@ -35,8 +35,9 @@ TASK = f"{__name__}.charge"
 class Eventer:
     """The worker's event dispatcher, recording what the main process sends."""
 
-    def __init__(self, enabled: bool) -> None:
+    def __init__(self, enabled: bool, groups: list[str] | None = None) -> None:
         self.enabled = enabled
+        self.groups = groups
         self.sent: list[str] = []
 
     def send(self, type_: str, **fields: Any) -> None:
@@ -60,11 +61,13 @@ def make_task(app: Celery, acks_late: bool = False) -> Any:
     )
 
 
-def request_of(app: Celery, task: Any, eventer: Eventer) -> tuple[ResilientRequest, list[bool]]:
+def request_of(
+    app: Celery, task: Any, eventer: Eventer, **headers: Any
+) -> tuple[ResilientRequest, list[bool]]:
     """The main process's request of a delivery of ``task``, and its record of acks."""
     acked: list[bool] = []
     request = ResilientRequest(
-        TaskMessage(TASK, id="t-1", args=("o-1",)),
+        TaskMessage(TASK, id="t-1", args=("o-1",), **headers),
         app=app,
         eventer=eventer,
         task=task,
@@ -106,6 +109,19 @@ def test_with_task_events_off_the_child_is_told_nothing_and_celery_handles_the_r
 
     assert eventer.sent == []  # Celery's own handler: events are off
     assert acked == [True]
+
+
+@pytest.mark.parametrize(
+    "eventer",
+    [Eventer(enabled=False), Eventer(enabled=True, groups=["worker"])],
+    ids=["events off", "worker events only (no -E)"],
+)
+def test_a_mark_the_message_carries_is_dropped_where_task_events_are_off(
+    app: Celery, eventer: Eventer
+) -> None:
+    # Celery's own retry publishes the request's headers: the mark may come with a message.
+    request, _ = request_of(app, make_task(app), eventer, **{TASK_EVENTS_HEADER: 1})
+    assert TASK_EVENTS_HEADER not in request._request_dict
 
 
 def test_the_header_describes_one_delivery_and_is_never_published() -> None:
@@ -174,3 +190,35 @@ def test_without_task_events_the_child_sends_none(
     finally:
         task.request_stack.pop()
     assert recorder.done == ["published"]
+
+
+def test_a_delivery_sends_one_task_retried_at_most(
+    app: Celery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A retry that could not be published becomes a kept copy, published after its own event.
+    task = make_task(app)
+    recorder = Recorder(task, monkeypatch)
+    child_delivery(task, events=True)
+    try:
+        send_task_retried(task, ConnectionError("down"))
+        send_task_retried(task, ConnectionError("store down"))
+    finally:
+        task.request_stack.pop()
+    assert recorder.done == ["task-retried"]
+
+
+def test_a_body_that_raises_celerys_retry_itself_sends_task_retried(
+    app: Celery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # (``raise self.retry(throw=False)`` and the like: published by Celery, not by the package;
+    # the main process sends no event of its own)
+    task = make_task(app)
+    recorder = Recorder(task, monkeypatch)
+    delivery = child_delivery(task, events=True)
+    try:
+        with pytest.raises(Retry):
+            task._end(delivery, Fail(Retry(exc=ConnectionError("down"), when=1.0)))
+    finally:
+        task.request_stack.pop()
+    assert recorder.done == ["task-retried"]
+    assert recorder.fields["exception"] == repr(ConnectionError("down"))

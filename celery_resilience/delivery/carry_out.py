@@ -67,7 +67,7 @@ def _perform(delivery: Delivery, fate: Fate, facts: Facts) -> ParkedTask | None:
         case Park(reason, cause, due_in):
             return parking.park(delivery, reason, cause, due_in)
         case Keep(delay, trouble, headers):
-            send_task_retried(delivery.task, trouble)
+            send_task_retried(delivery.task, delivery.shown(trouble))
             _send_again(delivery, delay, facts.retries, headers)
         case Wait(delay, claimed):
             logger.info("Task %s[%s]: %s; kept, again in %.1fs", name, task_id, claimed, delay)
