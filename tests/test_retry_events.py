@@ -10,6 +10,8 @@ publishes the retry, and the main process sends none (``ResilientRequest.on_retr
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -146,12 +148,21 @@ class Recorder:
         monkeypatch.setattr(carry_out, "_send_again", send_again)
 
 
-def child_delivery(task: Any, events: bool) -> Any:
-    """The delivery of ``task`` as a pool child sees it, its request on the task's stack."""
+@contextlib.contextmanager
+def in_child(
+    app: Celery, monkeypatch: pytest.MonkeyPatch, events: bool
+) -> Iterator[tuple[Any, Recorder, Any]]:
+    """A task, the record of what it does, and its delivery as a pool child sees it, the
+    request on the task's stack meanwhile."""
+    task = make_task(app)
+    recorder = Recorder(task, monkeypatch)
     headers = {TASK_EVENTS_HEADER: 1} if events else {}
     request = Context(id="t-1", args=["o-1"], kwargs={}, is_eager=False, **headers)
     task.request_stack.push(request)
-    return task._delivery(request)
+    try:
+        yield task, recorder, task._delivery(request)
+    finally:
+        task.request_stack.pop()
 
 
 @pytest.mark.parametrize(
@@ -165,13 +176,8 @@ def child_delivery(task: Any, events: bool) -> Any:
 def test_the_child_sends_task_retried_before_it_publishes_the_retry(
     app: Celery, monkeypatch: pytest.MonkeyPatch, fate: Any
 ) -> None:
-    task = make_task(app)
-    recorder = Recorder(task, monkeypatch)
-    delivery = child_delivery(task, events=True)
-    try:
+    with in_child(app, monkeypatch, events=True) as (_, recorder, delivery):
         carry_out.carry_out(delivery, fate, Facts("t-1"), delivery.runtime.config)
-    finally:
-        task.request_stack.pop()
     assert recorder.done == ["task-retried", "published"]
     assert recorder.fields["exception"] == repr(fate.cause)
     assert "ConnectionError" in recorder.fields["traceback"]
@@ -180,15 +186,10 @@ def test_the_child_sends_task_retried_before_it_publishes_the_retry(
 def test_without_task_events_the_child_sends_none(
     app: Celery, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    task = make_task(app)
-    recorder = Recorder(task, monkeypatch)
-    delivery = child_delivery(task, events=False)
-    try:
+    with in_child(app, monkeypatch, events=False) as (task, recorder, delivery):
         send_task_retried(task, ConnectionError("down"))
         fate = RetryFate(0.1, 1, ConnectionError("down"))
         carry_out.carry_out(delivery, fate, Facts("t-1"), delivery.runtime.config)
-    finally:
-        task.request_stack.pop()
     assert recorder.done == ["published"]
 
 
@@ -196,14 +197,9 @@ def test_a_delivery_sends_one_task_retried_at_most(
     app: Celery, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A retry that could not be published becomes a kept copy, published after its own event.
-    task = make_task(app)
-    recorder = Recorder(task, monkeypatch)
-    child_delivery(task, events=True)
-    try:
+    with in_child(app, monkeypatch, events=True) as (task, recorder, _):
         send_task_retried(task, ConnectionError("down"))
         send_task_retried(task, ConnectionError("store down"))
-    finally:
-        task.request_stack.pop()
     assert recorder.done == ["task-retried"]
 
 
@@ -212,13 +208,10 @@ def test_a_body_that_raises_celerys_retry_itself_sends_task_retried(
 ) -> None:
     # (``raise self.retry(throw=False)`` and the like: published by Celery, not by the package;
     # the main process sends no event of its own)
-    task = make_task(app)
-    recorder = Recorder(task, monkeypatch)
-    delivery = child_delivery(task, events=True)
-    try:
-        with pytest.raises(Retry):
-            task._end(delivery, Fail(Retry(exc=ConnectionError("down"), when=1.0)))
-    finally:
-        task.request_stack.pop()
+    with (
+        in_child(app, monkeypatch, events=True) as (task, recorder, delivery),
+        pytest.raises(Retry),
+    ):
+        task._end(delivery, Fail(Retry(exc=ConnectionError("down"), when=1.0)))
     assert recorder.done == ["task-retried"]
     assert recorder.fields["exception"] == repr(ConnectionError("down"))
